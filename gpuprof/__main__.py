@@ -1,0 +1,5 @@
+import sys
+
+from gpuprof.cli import main
+
+sys.exit(main())
