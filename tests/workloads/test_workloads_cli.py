@@ -1,0 +1,88 @@
+"""The real `gpuprof train` command in a subprocess: a recorded run, and bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpuprof
+
+SMALL_FLAGS = ["--model", "tiny", "--vocab-size", "8192", "--seq-len", "64", "--batch-size", "4"]
+
+
+def gpuprof_train(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprof", "train", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_train_records_a_run_and_prints_a_summary(tmp_path):
+    done = gpuprof_train(*SMALL_FLAGS, "--variant", "optimized", "--steps", "3", "--num-workers", "0",
+                         "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert summary.startswith("optimized tiny: 3 steps, mean step time ")
+    assert "tokens/s" in summary and "peak memory" in summary
+    run = gpuprof.load_run(tmp_path / "run")
+    assert len(run.steps) == 3
+    assert run.meta["config"]["variant"] == "optimized" and run.meta["config"]["compute_dtype"] == "bfloat16"
+
+
+def test_without_run_dir_the_run_goes_under_runs(tmp_path):
+    done = gpuprof_train(*SMALL_FLAGS, "--steps", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("-baseline") and (run_dir / "meta.json").is_file()
+
+
+def write_tokens(path, ids) -> str:
+    np.asarray(ids, dtype=np.uint16).tofile(path)
+    return str(path)
+
+
+BAD_INPUTS = {
+    "missing data path": (["--data", "/nonexistent/corpus.txt"], "does not exist"),
+    "empty text file": (["--data", "{tmp}/empty.txt"], "no text found"),
+    "token id beyond vocab": (["--data", "{tmp}/big_ids.bin"], "beyond the model vocabulary"),
+    "unknown model size": (["--model", "gpt5"], "invalid choice"),
+    "non-integer steps": (["--steps", "many"], "invalid int value"),
+    "zero steps": (["--steps", "0"], "steps must be at least 1"),
+    "unknown precision": (["--precision", "fp8"], "invalid choice"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, case):
+    (tmp_path / "empty.txt").write_text("")
+    write_tokens(tmp_path / "big_ids.bin", [1, 2, 9000] * 100)
+    flags, message = BAD_INPUTS[case]
+    args = [flag.format(tmp=tmp_path) for flag in flags]
+    done = gpuprof_train(*SMALL_FLAGS, "--steps", "2", "--run-dir", str(tmp_path / "run"), *args)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_every_config_knob_has_a_flag():
+    from gpuprof.cli import build_parser
+    from gpuprof.cli.train import config_from_args
+    from gpuprof.workloads.gpt2 import TrainConfig
+
+    argv = ["train", "--model", "gpt2", "--variant", "optimized", "--steps", "7", "--batch-size", "6",
+            "--seq-len", "128", "--vocab-size", "4096", "--data", "d.txt", "--dropout", "0.1", "--lr", "0.001",
+            "--min-lr-ratio", "0.5", "--warmup-steps", "3", "--weight-decay", "0.05", "--seed", "5",
+            "--device", "cpu", "--precision", "fp16", "--attention", "eager", "--grad-accum", "3",
+            "--num-workers", "1", "--grad-clip", "0.5", "--activation-checkpointing", "--no-fused-adamw",
+            "--no-tf32", "--no-pin-memory", "--compile", "--run-dir", "r", "--log-every", "2",
+            "--checkpoint-every", "4", "--checkpoint-dir", "c", "--resume", "x.pt", "--data-delay-ms", "5",
+            "--host-sync", "--straggler-rank", "1", "--straggler-delay-ms", "20",
+            "--inject", "embedding-nan@2", "--on-nonfinite", "raise"]
+    config = config_from_args(build_parser().parse_args(argv)).as_dict()
+    defaults = TrainConfig(variant="optimized").as_dict()
+    unchanged = [name for name in config if name != "variant" and config[name] == defaults[name]]
+    assert unchanged == []
+    assert (config["model_size"], config["precision"], config["grad_accum"], config["compile"]) == (
+        "gpt2", "fp16", 3, True)
