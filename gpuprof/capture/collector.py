@@ -1,0 +1,108 @@
+"""The collector interface: how a part of capture (built in or plugged in) sees a step.
+
+A collector is any object with a `name` and some of these methods (all optional):
+
+    on_start(prof)                      once, when the profiler starts
+    on_step_start(prof, step)           an optimizer step begins
+    on_after_backward(prof, step)       a backward pass finished (once per micro-batch)
+    on_step_end(prof, state) -> dict    the step ended; extra fields for the step record.
+                                        Values may be device tensors (fetched later without a
+                                        sync), plain values, or callables; names starting with
+                                        "_" reach on_step_record but are not written.
+    on_step_record(prof, record)        the step's record with host values (a few steps later
+                                        on CUDA), before it is written
+    on_close(prof)                      once, at close
+    on_phase_begin(prof, name), on_phase_end(prof, name)   around prof.phase(name)
+    on_exception(prof, exc)             an exception is leaving the training loop (then re-raised)
+    meta(prof) -> dict                  run-level facts merged into meta.json
+    stop_training (attribute)           an exception set on purpose; prof.step() raises it once
+
+The first exception a collector raises is logged once, recorded as a `collector_disabled`
+event, and that collector is switched off; training goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepState:
+    """What a collector sees at the end of step `step`; tensors stay on the device."""
+
+    step: int
+    loss: torch.Tensor | float | None = None
+    tokens: torch.Tensor | int | None = None
+    loss_finite: torch.Tensor | None = None
+    grad_norm: torch.Tensor | None = None
+    grad_finite: torch.Tensor | None = None
+    param_grad_norms: torch.Tensor | None = None
+    param_names: list[str] = field(default_factory=list)
+    batch: Any = None  # what prof.step(batch=...) was given
+
+
+class Collector:
+    """Optional base class; any object with a `name` and the hook methods it needs will do."""
+
+    name = "collector"
+
+
+class CollectorSet:
+    """Calls a hook on every enabled collector; the first failure switches that collector off."""
+
+    def __init__(self, on_failure):
+        self._collectors: list[Any] = []
+        self._ever_added: list[Any] = []
+        self._on_failure = on_failure
+
+    def add(self, collector: Any) -> None:
+        self._collectors.append(collector)
+        self._ever_added.append(collector)
+
+    def close_all(self, prof) -> None:
+        """on_close for every collector, switched-off ones too, so each removes its hooks."""
+        for collector in self._ever_added:
+            try:
+                if hasattr(collector, "on_close"):
+                    collector.on_close(prof)
+            except Exception as error:  # noqa: BLE001
+                if collector in self._collectors:
+                    self.disable(collector, "on_close", error)
+
+    def __iter__(self):
+        return iter(self._collectors)
+
+    def call(self, hook: str, *args) -> list[Any]:
+        return [self.call_one(collector, hook, *args) for collector in list(self._collectors)]
+
+    def call_one(self, collector: Any, hook: str, *args) -> Any:
+        method = getattr(collector, hook, None)
+        if method is None or collector not in self._collectors:
+            return None
+        try:
+            return method(*args)
+        except Exception as error:  # noqa: BLE001 - a collector must never stop training
+            self.disable(collector, hook, error)
+            return None
+
+    def guard(self, collector: Any, hook: str, function):
+        """`function` made safe to run inside the user's code (autograd, optimizer, scaler hooks)."""
+
+        def guarded(*args, **kwargs):
+            if collector not in self._collectors:
+                return None
+            try:
+                return function(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - never raise into the training loop
+                self.disable(collector, hook, error)
+                return None
+
+        return guarded
+
+    def disable(self, collector: Any, hook: str, error: BaseException) -> None:
+        if collector in self._collectors:
+            self._collectors.remove(collector)
+            self._on_failure(collector, hook, error)

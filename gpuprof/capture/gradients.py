@@ -1,0 +1,157 @@
+"""Gradient norms (before clipping) and update-to-weight ratios, computed on the device.
+
+At the end of every backward pass the per-parameter gradient norms are computed in one
+fused pass (`torch._foreach_norm`) and divided by the GradScaler's scale when one is in
+use, so they are the unscaled norms `clip_grad_norm_` would see. The global norm is
+their 2-norm, exactly as `clip_grad_norm_` computes it. The last backward pass of a step
+wins (under gradient accumulation that is the accumulated gradient).
+
+Per-layer rows (per transformer block and per parameter) go to the `layers` stream every
+`layer_interval` steps; update ratios ‖Δw‖/‖w‖ every `update_ratio_interval` steps, from a
+copy of the weights taken just before `optimizer.step()` and dropped right after it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+
+import torch
+
+_BLOCK = re.compile(r"^(.*?\.\d+)\.")  # "transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"
+
+
+def block_groups(names: list[str]) -> dict[str, list[int]]:
+    """Parameter indices per numbered block (e.g. transformer.h.3); parameters outside blocks are left out."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for index, name in enumerate(names):
+        match = _BLOCK.match(name)
+        if match:
+            groups[match.group(1)].append(index)
+    return dict(groups)
+
+
+def tensor_norms(tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    """The 2-norm of each tensor (0 for None) as one float32 vector on the first tensor's device."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return torch.zeros(len(tensors))
+    device = present[0].device
+    by_group: dict[tuple, list[int]] = defaultdict(list)
+    for index, tensor in enumerate(tensors):
+        if tensor is not None:
+            by_group[(tensor.device, tensor.dtype)].append(index)
+    if len(by_group) == 1 and len(present) == len(tensors):
+        return torch.stack(torch._foreach_norm(present)).float()
+    norms = torch.zeros(len(tensors), dtype=torch.float32, device=device)
+    for indices in by_group.values():
+        group_norms = torch._foreach_norm([tensors[i] for i in indices])
+        norms[indices] = torch.stack([n.to(device) for n in group_norms]).float()
+    return norms
+
+
+def _combine(norms: list[float], indices: list[int]) -> float:
+    return math.sqrt(sum(norms[i] ** 2 for i in indices))
+
+
+class GradientCollector:
+    name = "gradients"
+
+    def __init__(self, model: torch.nn.Module, optimizer, scaler, layer_interval: int, update_ratio_interval: int):
+        named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+        self.names = [name for name, _ in named]
+        self.params = [param for _, param in named]
+        self.blocks = block_groups(self.names)
+        self._scaler = scaler
+        self._optimizer = optimizer
+        self._layer_interval = layer_interval
+        self._ratio_interval = update_ratio_interval if optimizer is not None else 0
+        self._grad_norms: torch.Tensor | None = None
+        self._passes = 0
+        self._weights_before: list[torch.Tensor] | None = None
+        self._update_norms: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._ratio_step = False
+        self._handles: list = []
+
+    # -- hooks
+    def on_start(self, prof) -> None:
+        if self._ratio_interval:
+            guard = prof.collectors.guard
+            self._handles = [
+                self._optimizer.register_step_pre_hook(guard(self, "optimizer_pre_hook", self._before_optimizer_step)),
+                self._optimizer.register_step_post_hook(guard(self, "optimizer_post_hook", self._after_optimizer_step)),
+            ]
+
+    def on_close(self, prof) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def on_step_start(self, prof, step: int) -> None:
+        self._grad_norms, self._passes, self._update_norms = None, 0, None
+        self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0
+
+    def on_after_backward(self, prof, step: int) -> None:
+        self._passes += 1
+        norms = tensor_norms([param.grad for param in self.params])
+        scale = self._scaler_scale()
+        self._grad_norms = norms / scale.to(norms.device) if scale is not None else norms
+
+    def on_step_end(self, prof, state) -> dict:
+        fields = {"micro_batches": self._passes or None}
+        if self._grad_norms is not None:
+            total = torch.linalg.vector_norm(self._grad_norms)
+            state.grad_norm, state.grad_finite = total, torch.isfinite(total)
+            state.param_grad_norms, state.param_names = self._grad_norms, self.names
+            fields.update(grad_norm=total, grad_norm_finite=state.grad_finite)
+            if self._layer_interval and state.step % self._layer_interval == 0:
+                fields["_param_grad_norms"] = self._grad_norms
+        if self._update_norms is not None:
+            fields["_param_delta_norms"], fields["_param_weight_norms"] = self._update_norms
+        return fields
+
+    def on_step_record(self, prof, record: dict) -> None:
+        grad_norms = record.get("_param_grad_norms")
+        delta, weight = record.get("_param_delta_norms"), record.get("_param_weight_norms")
+        if grad_norms is None and delta is None:
+            return
+        rows = []
+        for layer, level, indices in self._layers():
+            rows.append({
+                "step": record["step"], "rank": record["rank"], "layer": layer, "level": level,
+                "grad_norm": _combine(grad_norms, indices) if grad_norms is not None else None,
+                "update_ratio": _ratio(delta, weight, indices) if delta is not None else None,
+            })
+        prof.writer.write("layers", rows)
+
+    # -- internals
+    def _layers(self):
+        for block, indices in self.blocks.items():
+            yield block, "block", indices
+        for index, name in enumerate(self.names):
+            yield name, "param", [index]
+
+    def _scaler_scale(self) -> torch.Tensor | None:
+        scaler = self._scaler
+        if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+            return None
+        return scaler._scale
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._ratio_step:
+            with torch.no_grad():
+                self._weights_before = torch._foreach_mul([p.detach() for p in self.params], 1.0)
+
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._weights_before is None:
+            return
+        with torch.no_grad():
+            weights = [p.detach() for p in self.params]
+            deltas = torch._foreach_sub(weights, self._weights_before)
+            self._weights_before = None
+            self._update_norms = (tensor_norms(deltas), tensor_norms(weights))
+
+
+def _ratio(delta: list[float], weight: list[float], indices: list[int]) -> float | None:
+    weight_norm = _combine(weight, indices)
+    return _combine(delta, indices) / weight_norm if weight_norm > 0 else None

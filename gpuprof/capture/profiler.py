@@ -1,0 +1,350 @@
+"""The Profiler: instruments a training loop and writes a run directory.
+
+    with gpuprof.profile("runs/exp1", model=model, optimizer=optimizer, scaler=scaler) as prof:
+        for batch in loader:
+            with prof.phase("forward"):
+                loss = model(**batch).loss
+            ...
+            prof.step(loss=loss, tokens=batch_tokens)
+
+Every part of capture is a collector (gpuprof.capture.collector); the Profiler owns the
+step boundaries, the clock, the run writer, and the queue of step records whose device
+values are fetched a few steps later without a host-device synchronization.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from gpuprof.capture import environment
+from gpuprof.capture.backward import BackwardWatcher
+from gpuprof.capture.collector import CollectorSet, StepState
+from gpuprof.capture.lazy import PendingRecord
+from gpuprof.capture.modelinfo import ModelInfo
+from gpuprof.capture.timing import PhaseTimes, clock_for
+from gpuprof.errors import GpuprofError
+from gpuprof.run import schema
+from gpuprof.run.writer import RunWriter
+
+logger = logging.getLogger("gpuprof")
+
+KNOWN_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def profile(run_dir: str | os.PathLike, **options: Any) -> "Profiler":
+    """A Profiler writing to `run_dir`; use it as a context manager (see Profiler for the options)."""
+    return Profiler(run_dir, **options)
+
+
+class Profiler:
+    """Records one training run into `run_dir`.
+
+    model, optimizer, scaler, lr_scheduler: optional; what needs them is skipped without them.
+    config: the user's config dict, stored in meta.json.   name: display name (default: folder name).
+    trace_steps: optimizer steps to record with torch.profiler (e.g. range(10, 14)); None for none.
+    sample_interval_s: background device/host sampling period (0 or None turns the sampler off).
+    flops_per_token: training FLOPs per token; derived from a Hugging Face style model when None.
+    grad_norms: per-step global grad norm; layer_interval: per-layer norms every N steps (0: never);
+    update_ratio_interval: per-layer update-to-weight ratios every N steps (0: never).
+    record_shapes, profile_memory, with_stack: passed to torch.profiler for trace windows.
+    memory_history: record allocation stacks for the out-of-memory snapshot (CUDA; costs per allocation).
+    collectors: extra collectors (see gpuprof.capture.collector).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any = None,
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        trace_steps: Iterable[int] | None = None,
+        sample_interval_s: float | None = 0.1,
+        flops_per_token: float | None = None,
+        lr_scheduler: Any = None,
+        grad_norms: bool = True,
+        layer_interval: int = 10,
+        update_ratio_interval: int = 100,
+        collectors: Iterable[Any] = (),
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        memory_history: bool = False,
+        loss_fn: Any = None,
+        on_nonfinite: str = "record",
+        numerics: Mapping[str, Any] | bool = True,
+    ):
+        self.run_dir = os.fspath(run_dir)
+        self.model, self.optimizer, self.scaler, self.lr_scheduler = model, optimizer, scaler, lr_scheduler
+        self.config = dict(config or {})
+        self.name = name or os.path.basename(os.path.abspath(self.run_dir))
+        self.options = {
+            "trace_steps": sorted(set(trace_steps)) if trace_steps is not None else [],
+            "sample_interval_s": sample_interval_s or 0,
+            "grad_norms": grad_norms,
+            "layer_interval": layer_interval,
+            "update_ratio_interval": update_ratio_interval,
+            "record_shapes": record_shapes,
+            "profile_memory": profile_memory,
+            "with_stack": with_stack,
+            "memory_history": memory_history,
+            "numerics": numerics,
+            "on_nonfinite": on_nonfinite,
+        }
+        self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
+        self.ranks = environment.rank_info()
+        self.device = environment.resolve_device(model)
+        self.clock = clock_for(self.device)
+        self.model_info = ModelInfo(model, flops_per_token, self.config)
+        self.collectors = CollectorSet(self._collector_failed)
+        self._extra_collectors = list(collectors)
+        self.writer: RunWriter | None = None
+        self.run_id = uuid.uuid4().hex
+        self.step_index = 0
+        self._pending: deque[tuple[PendingRecord, list]] = deque()
+        self._started = self._closed = False
+        self._broken = False
+        self._backward = BackwardWatcher(model, self._after_backward) if model is not None else None
+        self._start_unix_s = None
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "Profiler":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            self.handle_exception(exc)
+        self.close(status="failed" if exc is not None else "finished")
+
+    def start(self) -> "Profiler":
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self.writer = RunWriter(self.run_dir, self.ranks.rank)
+        except OSError as error:
+            raise GpuprofError(f"cannot create run directory {self.run_dir}: {error}") from None
+        self._start_unix_s = time.time()
+        from gpuprof.capture.builtin import builtin_collectors
+
+        for collector in [*builtin_collectors(self), *self._extra_collectors]:
+            self.collectors.add(collector)
+        self.collectors.call("on_start", self)
+        if self._backward is not None:
+            self._guarded(self._backward.attach)
+        self._write_meta(status="running")
+        self._guarded(self._begin_step)
+        return self
+
+    def close(self, status: str = "finished") -> None:
+        if not self._started or self._closed:
+            return
+        self._closed = True
+        self._guarded(self._drain, True)
+        if self._backward is not None:
+            self._backward.detach()
+        self.collectors.close_all(self)
+        self._write_meta(status=status, end_unix_s=time.time())
+        self.writer.close()
+
+    # --------------------------------------------------------------- the loop API
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Times a part of the step; repeat it per micro-batch under gradient accumulation."""
+        self.begin_phase(name)
+        try:
+            yield
+        except BaseException as exc:
+            self.handle_exception(exc)
+            raise
+        finally:
+            self.end_phase(name)
+
+    def begin_phase(self, name: str) -> None:
+        if self._active:
+            self._guarded(self._step_phases.begin, name)
+            self.collectors.call("on_phase_begin", self, name)
+
+    def end_phase(self, name: str) -> None:
+        if self._active:
+            self.collectors.call("on_phase_end", self, name)
+            self._guarded(self._step_phases.end, name)
+
+    def step(self, loss: torch.Tensor | float | None = None, tokens: torch.Tensor | int | None = None,
+             batch: Any = None) -> None:
+        """Marks the end of one optimizer step (call it once per step, skipped or not).
+
+        batch: the step's batch (a list of them under gradient accumulation), kept by reference
+        so that NaN forensics can re-run the step with `loss_fn` (docs/numerics.md).
+        """
+        if self._active:
+            self._guarded(self._end_step, loss, tokens, batch)
+            for collector in self.collectors:
+                error = getattr(collector, "stop_training", None)
+                if error is not None:  # raised on purpose, e.g. on_nonfinite="raise"
+                    collector.stop_training = None
+                    raise error
+
+    def event(self, kind: str, message: str, *, severity: str = "info", step: int | None = None, **details: Any) -> None:
+        """Records a discrete event (see docs/capture.md for the kinds gpuprof itself writes)."""
+        if self.writer is None:
+            return
+        record = {
+            "time_unix_s": time.time(), "rank": self.ranks.rank, "step": step, "kind": kind,
+            "severity": severity if severity in schema.SEVERITIES else "info", "message": message,
+            "details": details,
+        }
+        self.writer.write("events", [record])
+
+    def add_collector(self, collector: Any) -> None:
+        """Plugs in a collector; one added after start() gets on_start immediately."""
+        self._extra_collectors.append(collector)
+        if self._started and not self._closed:
+            self.collectors.add(collector)
+            self.collectors.call_one(collector, "on_start", self)
+
+    def handle_exception(self, exc: BaseException) -> None:
+        """Lets collectors react to an exception leaving the loop (e.g. out of memory); never raises."""
+        if self._started and not getattr(exc, "_gpuprof_seen", False):
+            with contextlib.suppress(Exception):
+                exc._gpuprof_seen = True
+            self.collectors.call("on_exception", self, exc)
+
+    @property
+    def _active(self) -> bool:
+        return self._started and not self._closed and not self._broken
+
+    # ------------------------------------------------------------------ internals
+    def _begin_step(self, start=None) -> None:
+        """`start`: the previous step's end stamp, so every moment of the loop belongs to a step."""
+        self._step_start = start if start is not None else self.clock.stamp()
+        self._step_phases = PhaseTimes(self.clock)
+        self.collectors.call("on_step_start", self, self.step_index)
+
+    def _after_backward(self) -> None:
+        if self._active:
+            self.collectors.call("on_after_backward", self, self.step_index)
+
+    def _end_step(self, loss, tokens, batch=None) -> None:
+        end = self.clock.stamp()
+        state = StepState(step=self.step_index, loss=_detached(loss), tokens=tokens, batch=batch)
+        if isinstance(state.loss, torch.Tensor):
+            state.loss_finite = torch.isfinite(state.loss).all()
+        fields = {
+            "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
+            "loss": state.loss, "tokens": tokens, "loss_finite": state.loss_finite,
+            "micro_batches": self._step_phases.count("backward") or self._step_phases.count("forward") or None,
+            "_timing": _timing(self.clock, self._step_start, end, self._step_phases),
+        }
+        for extra in self.collectors.call("on_step_end", self, state):
+            if extra:
+                fields.update(extra)
+        # phases may run on other streams: the record waits for every stamp, not only its own copy
+        self._pending.append((PendingRecord(fields), [end, *self._step_phases.stamps()]))
+        self._drain(False)
+        self.step_index += 1
+        self._begin_step(end)
+
+    def _drain(self, final: bool) -> None:
+        if final and self.device.type == "cuda" and self._pending:
+            torch.cuda.synchronize(self.device)  # once, at close
+        while self._pending and self._ready(*self._pending[0]):
+            record = self._pending.popleft()[0].resolve()
+            self._complete(record)
+            self.collectors.call("on_step_record", self, record)
+            self.writer.write("steps", [{k: v for k, v in record.items() if not k.startswith("_")}])
+
+    def _ready(self, pending: PendingRecord, stamps: list) -> bool:
+        return pending.ready() and all(self.clock.done(stamp) for stamp in stamps)
+
+    def _complete(self, record: dict[str, Any]) -> None:
+        """Adds the derived columns: phase times, throughput, FLOP/s and MFU."""
+        timing = record.pop("_timing")
+        record.update(timing)
+        step_time_s, tokens = record["step_time_s"], record.get("tokens")
+        flops_per_token, peak = self.model_info.flops_per_token, self.model_info.peak_flops_per_s
+        usable = tokens is not None and step_time_s and step_time_s > 0
+        record["tokens_per_s"] = tokens / step_time_s if usable else None
+        record["flops_per_s"] = record["tokens_per_s"] * flops_per_token if usable and flops_per_token else None
+        record["mfu"] = record["flops_per_s"] / peak if record["flops_per_s"] and peak else None
+
+    def _write_meta(self, **changes: Any) -> None:
+        meta = self._meta(**changes)
+        if self.ranks.rank == 0:
+            self.writer.write_run_meta(meta)
+        self.writer.write_rank_meta({
+            "rank": self.ranks.rank, "local_rank": self.ranks.local_rank, "world_size": self.ranks.world_size,
+            "run_id": self.run_id, "status": meta["status"], "start_unix_s": meta["start_unix_s"],
+            "end_unix_s": meta["end_unix_s"], "device": meta["devices"][0], "clock": self.clock.kind,
+            **environment.host_facts(),
+        })
+
+    def rewrite_meta(self) -> None:
+        """Collectors call this when they learn run-level facts after start (e.g. sequence length)."""
+        self._write_meta(status="running")
+
+    def _meta(self, status: str, end_unix_s: float | None = None) -> dict[str, Any]:
+        facts = {}
+        for part in self.collectors.call("meta", self):
+            facts.update(part or {})
+        return {
+            "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION,
+            "run_id": self.run_id, "name": self.name, "status": status,
+            "start_unix_s": self._start_unix_s, "end_unix_s": end_unix_s,
+            "world_size": self.ranks.world_size,
+            "versions": environment.versions(facts.pop("driver", None)),
+            "devices": [environment.device_facts(self.device)],
+            "model": self.model_info.facts(), "config": self.config,
+            "compute_dtype": self.model_info.dtype,
+            "peak_flops_per_s": self.model_info.peak_flops_per_s,
+            "options": self.options, "clock": self.clock.kind, **facts,
+        }
+
+    def _guarded(self, function, *args) -> None:
+        """Runs profiler-internal work; the first failure switches the whole profiler off."""
+        try:
+            function(*args)
+        except Exception as error:  # noqa: BLE001 - gpuprof must never stop the training loop
+            self._broken = True
+            logger.warning("gpuprof: internal error, capture switched off for this run: %r", error, exc_info=True)
+            with contextlib.suppress(Exception):
+                self.event("profiler_disabled", f"capture switched off: {error!r}", severity="warning",
+                           step=self.step_index, error=repr(error))
+
+    def _collector_failed(self, collector: Any, hook: str, error: BaseException) -> None:
+        name = getattr(collector, "name", type(collector).__name__)
+        logger.warning("gpuprof: collector %r failed in %s and is switched off: %r", name, hook, error)
+        with contextlib.suppress(Exception):
+            self.event("collector_disabled", f"collector {name} switched off after {hook} raised {error!r}",
+                       severity="warning", step=self.step_index, collector=name, hook=hook, error=repr(error))
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _timing(clock, start, end, phases: PhaseTimes):
+    """A callable giving the step's time columns once `end` has completed on the device."""
+
+    def resolve() -> dict[str, float | None]:
+        step_time_s = clock.elapsed_s(start, end)
+        totals = phases.totals_s()
+        columns = {"step_time_s": step_time_s}
+        for name in KNOWN_PHASES:
+            columns[f"{name}_time_s"] = totals.get(name)
+        for name, seconds in totals.items():
+            columns.setdefault(f"{name}_time_s", seconds)
+        columns["other_time_s"] = max(0.0, step_time_s - sum(totals.values()))
+        return columns
+
+    return resolve

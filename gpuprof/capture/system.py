@@ -1,0 +1,205 @@
+"""Background sampling of the device (NVML) and the host (psutil) at a fixed rate.
+
+Each rank samples only its own GPU. Without NVML (no GPU, no driver, a CPU run) only the
+host is sampled and the log says once per process that device metrics are off. An NVML
+call failing mid-run switches device sampling off (logged once, an event); host sampling
+goes on. Hopper GPM metrics (SM / tensor / DRAM activity) are read where supported.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psutil
+import torch
+
+logger = logging.getLogger("gpuprof")
+
+_notice_given = False
+
+THROTTLE_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+}
+
+
+def throttle_reason_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+def _say_device_metrics_off(reason: str) -> None:
+    global _notice_given
+    if not _notice_given:
+        _notice_given = True
+        logger.warning("gpuprof: device metrics off (%s); sampling the host only", reason)
+
+
+class NvmlDevice:
+    """NVML readings of one GPU; construction raises when NVML or the device is unavailable."""
+
+    def __init__(self, device: torch.device):
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self.driver = pynvml.nvmlSystemGetDriverVersion()
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self.handle = self._handle_for(self.index)
+        self._gpm_samples = self._gpm_setup()
+
+    def _handle_for(self, index: int):
+        """By UUID, since NVML's indices ignore CUDA_VISIBLE_DEVICES; by index if that fails."""
+        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+        if uuid:
+            try:
+                return self._nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            except Exception:  # noqa: BLE001 - an unexpected UUID form: fall back to the index
+                pass
+        return self._nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def _gpm_setup(self):
+        try:
+            if not self._nvml.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice:
+                return None
+            samples = [self._nvml.nvmlGpmSampleAlloc(), self._nvml.nvmlGpmSampleAlloc()]
+            self._nvml.nvmlGpmSampleGet(self.handle, samples[0])
+            return samples
+        except (self._nvml.NVMLError, AttributeError):
+            return None
+
+    def read(self) -> dict:
+        nvml, handle = self._nvml, self.handle
+        util = nvml.nvmlDeviceGetUtilizationRates(handle)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        row = {
+            "device_index": self.index,
+            "gpu_util_pct": util.gpu,
+            "mem_util_pct": util.memory,
+            "mem_used_bytes": memory.used,
+            "mem_total_bytes": memory.total,
+            "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            "temp_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+            "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+            "throttle_reasons": self._throttle_reasons(),
+            "pcie_tx_bytes_per_s": self._optional(self._pcie_bytes_per_s, nvml.NVML_PCIE_UTIL_TX_BYTES),
+            "pcie_rx_bytes_per_s": self._optional(self._pcie_bytes_per_s, nvml.NVML_PCIE_UTIL_RX_BYTES),
+        }
+        row.update(self._optional(self._read_gpm) or {})
+        return row
+
+    def _optional(self, read, *args):
+        """A reading some GPUs or drivers do not support: None rather than losing the whole sample."""
+        try:
+            return read(*args)
+        except self._nvml.NVMLError:
+            return None
+
+    def _pcie_bytes_per_s(self, counter: int) -> int:
+        return self._nvml.nvmlDeviceGetPcieThroughput(self.handle, counter) * 1024  # NVML reports KB/s
+
+    def _throttle_reasons(self) -> list[str] | None:
+        read = getattr(self._nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        mask = self._optional(read, self.handle) if read else None
+        if mask is None:
+            mask = self._optional(self._nvml.nvmlDeviceGetCurrentClocksThrottleReasons, self.handle)
+        return throttle_reason_names(mask) if mask is not None else None
+
+    def _read_gpm(self) -> dict:
+        if self._gpm_samples is None:
+            return {}
+        nvml = self._nvml
+        first, second = self._gpm_samples
+        nvml.nvmlGpmSampleGet(self.handle, second)
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.sample1, request.sample2 = first, second
+        metric_ids = (nvml.NVML_GPM_METRIC_SM_UTIL, nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        request.numMetrics = len(metric_ids)
+        for slot, metric_id in enumerate(metric_ids):
+            request.metrics[slot].metricId = metric_id
+        nvml.nvmlGpmMetricsGet(request)
+        self._gpm_samples = [second, first]
+        values = [m.value if m.nvmlReturn == nvml.NVML_SUCCESS else None for m in request.metrics[: len(metric_ids)]]
+        return dict(zip(("sm_active_pct", "tensor_active_pct", "dram_active_pct"), values))
+
+
+class SystemSampler:
+    """A daemon thread writing one `system` row per interval (one per device plus the host readings)."""
+
+    name = "system"
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self.device_mem_used_bytes: int | None = None
+        self._nvml: NvmlDevice | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._process = psutil.Process()
+        self._prof = None
+
+    def on_start(self, prof) -> None:
+        self._prof = prof
+        reason = self._open_nvml(prof.device)
+        if reason:
+            _say_device_metrics_off(reason)
+            prof.event("device_metrics_off", f"device metrics off: {reason}", reason=reason)
+        psutil.cpu_percent(interval=None)  # the first reading only starts psutil's measurement window
+        self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
+        self._thread.start()
+
+    def _open_nvml(self, device: torch.device) -> str | None:
+        """None when this rank's GPU can be sampled, else why not."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            if device.type != "cuda":
+                return f"training on {device.type}"
+            self._nvml = NvmlDevice(device)
+        except Exception as error:  # noqa: BLE001 - NVMLError, ImportError, OSError: all mean no NVML
+            return f"NVML unavailable: {error}"
+        return None
+
+    def meta(self, prof) -> dict:
+        return {"driver": self._nvml.driver} if self._nvml is not None else {}
+
+    def on_close(self, prof) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(1.0, 3 * self.interval_s))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._prof.writer.write("system", [self.sample()])
+            except Exception as error:  # noqa: BLE001 - the sampler must never take the process down
+                logger.warning("gpuprof: system sampler stopped: %r", error)
+                self._prof.event("collector_disabled", f"system sampler stopped: {error!r}", severity="warning",
+                                 collector=self.name, hook="sample", error=repr(error))
+                return
+
+    def sample(self) -> dict:
+        memory = psutil.virtual_memory()
+        row = {
+            "time_unix_s": time.time(), "rank": self._prof.ranks.rank, "device_index": None,
+            "host_cpu_pct": psutil.cpu_percent(interval=None), "proc_rss_bytes": self._process.memory_info().rss,
+            "host_mem_used_bytes": memory.total - memory.available, "host_mem_total_bytes": memory.total,
+        }
+        if self._nvml is not None:
+            row.update(self._read_device())
+        return row
+
+    def _read_device(self) -> dict:
+        try:
+            reading = self._nvml.read()
+        except Exception as error:  # noqa: BLE001 - NVML failing mid-run: device sampling off, host goes on
+            self._nvml = None
+            logger.warning("gpuprof: NVML failed mid-run (%r); device metrics off", error)
+            self._prof.event("device_metrics_off", f"NVML failed mid-run: {error!r}", severity="warning",
+                             reason=repr(error))
+            return {}
+        self.device_mem_used_bytes = reading["mem_used_bytes"]
+        return reading

@@ -1,0 +1,212 @@
+"""Reads a run directory (docs/run-format.md). The only code that parses run files.
+
+    run = load_run("runs/exp1")
+    run.meta, run.steps, run.system, run.events, run.layers, run.ranks, run.trace_files, run.trace_windows
+
+Streams load lazily on first access. A run still being written (or killed) is read
+from its JSON lines; a torn last line is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.errors import NotARunError, RunFormatError
+from gpuprof.run import schema
+
+logger = logging.getLogger("gpuprof")
+
+
+def load_run(path: str | os.PathLike) -> "Run":
+    """The run at `path`; NotARunError or RunFormatError when it cannot be read as one."""
+    return Run(path)
+
+
+def discover_runs(root: str | os.PathLike, max_depth: int = 3) -> list["Run"]:
+    """Every readable run under `root` (itself included), newest first; unreadable ones are skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        raise NotARunError(f"{root} is not a directory")
+    runs = []
+    for meta_path in _find_run_metas(root, max_depth):
+        try:
+            runs.append(Run(meta_path.parent))
+        except RunFormatError as error:
+            logger.warning("gpuprof: skipping %s: %s", meta_path.parent, error)
+    return sorted(runs, key=lambda run: run.meta.get("start_unix_s") or 0, reverse=True)
+
+
+def _find_run_metas(root: Path, max_depth: int):
+    if (root / schema.RUN_META).is_file():
+        yield root / schema.RUN_META
+        return
+    if max_depth == 0:
+        return
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and not child.name.startswith("."):
+            yield from _find_run_metas(child, max_depth - 1)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunFormatError(f"{path}: corrupt meta file ({error})") from None
+    if not isinstance(meta, dict):
+        raise RunFormatError(f"{path}: corrupt meta file (not a JSON object)")
+    return meta
+
+
+class Run:
+    """One recorded run: meta dict plus pandas DataFrames of its record streams (all ranks)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        meta_path = self.path / schema.RUN_META
+        if not self.path.is_dir():
+            raise NotARunError(f"{self.path} is not a directory")
+        if not meta_path.is_file():
+            raise NotARunError(f"{self.path} is not a gpuprof run directory (no {schema.RUN_META})")
+        self.meta = read_meta(meta_path)
+        _check_format(self.meta, meta_path)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.meta.get("name") or self.path.name
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        ranks = []
+        for child in self.path.glob("rank-*"):
+            suffix = child.name.removeprefix("rank-")
+            if child.is_dir() and suffix.isdigit():
+                ranks.append(int(suffix))
+        return sorted(ranks)
+
+    @cached_property
+    def rank_meta(self) -> dict[int, dict[str, Any]]:
+        metas = {}
+        for rank in self.ranks:
+            path = self.path / schema.rank_dir_name(rank) / schema.RANK_META
+            if path.is_file():
+                metas[rank] = read_meta(path)
+        return metas
+
+    @property
+    def trace_files(self) -> list[Path]:
+        traces = self.path / schema.TRACES_DIR
+        return sorted(p for p in traces.rglob("*.json*") if p.is_file()) if traces.is_dir() else []
+
+    @property
+    def trace_windows(self) -> dict[str, list[Path]]:
+        """Trace files per window folder (`steps-10-13`: one file per rank), in step order."""
+        windows: dict[str, list[Path]] = {}
+        for path in self.trace_files:
+            windows.setdefault(path.parent.name, []).append(path)
+        return dict(sorted(windows.items(), key=lambda item: _window_start(item[0])))
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return self._stream("steps")
+
+    @cached_property
+    def system(self) -> pd.DataFrame:
+        return self._stream("system")
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        return self._stream("events")
+
+    @cached_property
+    def layers(self) -> pd.DataFrame:
+        return self._stream("layers")
+
+    def _stream(self, stream: str) -> pd.DataFrame:
+        frames = [read_stream(self.path / schema.rank_dir_name(rank), stream) for rank in self.ranks]
+        frames = [frame for frame in frames if not frame.empty]
+        if not frames:
+            return _with_columns(pd.DataFrame(), stream)
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        keys = [key for key in schema.SORT_KEYS[stream] if key in frame]
+        return frame.sort_values(keys, kind="stable", ignore_index=True)
+
+
+def _window_start(name: str) -> int:
+    first = name.removeprefix("steps-").split("-")[0]
+    return int(first) if first.isdigit() else -1
+
+
+def _check_format(meta: dict[str, Any], path: Path) -> None:
+    if meta.get("format") != schema.FORMAT:
+        raise RunFormatError(f"{path}: not a gpuprof run meta file (format is {meta.get('format')!r})")
+    version = meta.get("format_version")
+    if not isinstance(version, int):
+        raise RunFormatError(f"{path}: corrupt meta file (format_version is {version!r})")
+    if version > schema.FORMAT_VERSION:
+        raise RunFormatError(
+            f"{path}: format version {version} was written by a newer gpuprof "
+            f"(this one reads up to {schema.FORMAT_VERSION}); upgrade gpuprof"
+        )
+
+
+def read_stream(rank_dir: Path, stream: str) -> pd.DataFrame:
+    """One rank's stream: Parquet when compacted, else its JSON lines, else empty."""
+    parquet = rank_dir / f"{stream}.parquet"
+    if parquet.is_file():
+        frame = pd.read_parquet(parquet)
+        if "details" in frame:
+            frame["details"] = [json.loads(d) if isinstance(d, str) else d for d in frame["details"]]
+        for column in schema.LIST_COLUMNS.get(stream, ()):
+            if column in frame:  # Parquet gives numpy arrays; JSON lines give lists
+                frame[column] = [list(v) if isinstance(v, (np.ndarray, list)) else None for v in frame[column]]
+        return _with_columns(frame, stream)
+    return read_jsonl_frame(rank_dir / f"{stream}.jsonl", stream)
+
+
+def read_jsonl_frame(path: Path, stream: str) -> pd.DataFrame:
+    records = read_jsonl(path) if path.is_file() else []
+    return _with_columns(pd.DataFrame.from_records(records), stream)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSON lines file; a torn or corrupt line is skipped with a warning."""
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    records, bad = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            bad.append(number)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            bad.append(number)
+    if bad:
+        where = "its torn last line" if bad == [len(lines)] else f"line(s) {bad[:5]}"
+        warnings.warn(f"gpuprof: {path}: skipped {where} (run killed while writing?)", stacklevel=3)
+    return records
+
+
+def _with_columns(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
+    """Every documented column is present (null where never written); extra columns are kept."""
+    missing = [column for column in schema.STREAM_COLUMNS[stream] if column not in frame]
+    if missing:
+        frame = frame.assign(**{column: None for column in missing})
+    extra = [column for column in frame.columns if column not in schema.STREAM_COLUMNS[stream]]
+    return frame[[*schema.STREAM_COLUMNS[stream], *extra]]

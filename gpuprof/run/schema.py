@@ -1,0 +1,48 @@
+"""The run directory's names and columns: the one place code takes them from.
+
+docs/run-format.md is the human-readable contract; these tuples are its machine copy.
+"""
+
+from __future__ import annotations
+
+FORMAT = "gpuprof-run"
+FORMAT_VERSION = 1
+
+RUN_META = "meta.json"
+RANK_META = "meta.json"
+TRACES_DIR = "traces"
+SNAPSHOTS_DIR = "snapshots"
+NUMERICS_DIR = "numerics"
+
+STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
+    "steps": (
+        "step", "rank", "time_unix_s", "step_time_s", "data_time_s", "forward_time_s",
+        "backward_time_s", "optimizer_time_s", "other_time_s", "micro_batches", "loss", "tokens",
+        "tokens_per_s", "flops_per_s", "mfu", "grad_norm", "grad_norm_finite", "loss_finite",
+        "scaler_scale", "scaler_growth_tracker", "step_skipped", "lr", "mem_allocated_bytes",
+        "mem_reserved_bytes", "mem_peak_allocated_bytes", "mem_alloc_retries", "mem_ooms",
+        "mem_nvml_used_bytes", "mem_nvml_gap_bytes", "mem_rss_bytes",
+    ),
+    "system": (
+        "time_unix_s", "rank", "device_index", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
+        "mem_total_bytes", "power_w", "temp_c", "sm_clock_mhz", "throttle_reasons",
+        "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "sm_active_pct", "tensor_active_pct",
+        "dram_active_pct", "host_cpu_pct", "proc_rss_bytes", "host_mem_used_bytes",
+        "host_mem_total_bytes",
+    ),
+    "events": ("time_unix_s", "rank", "step", "kind", "severity", "message", "details"),
+    "layers": ("step", "rank", "layer", "level", "grad_norm", "update_ratio"),
+}
+STREAMS = tuple(STREAM_COLUMNS)
+LIST_COLUMNS = {"system": ("throttle_reasons",)}
+SORT_KEYS = {
+    "steps": ["step", "rank"],
+    "system": ["time_unix_s", "rank"],
+    "events": ["time_unix_s", "rank"],
+    "layers": ["step", "rank", "layer"],
+}
+SEVERITIES = ("info", "warning", "critical")
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank-{rank}"

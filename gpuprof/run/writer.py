@@ -1,0 +1,162 @@
+"""Writes a run directory (docs/run-format.md). The only code that creates run files.
+
+Each record stream is a JSON lines file written with one `write` + `flush` per batch of
+records, so the OS holds every record the moment `write` returns: a SIGKILL loses
+nothing already written. A failing disk (full, read-only) switches the stream off,
+logged once, and never raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from gpuprof.run import schema
+
+logger = logging.getLogger("gpuprof")
+
+
+def _json_default(value: Any):
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy / torch scalars
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, default=_json_default, separators=(",", ":"))
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, default=_json_default, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class StreamWriter:
+    """One append-only JSON lines stream; thread safe; switches itself off on an OS error."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.records_written = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._file is not None
+
+    def write(self, records: Iterable[Mapping[str, Any]]) -> None:
+        text = "".join(dumps(record) + "\n" for record in records)
+        if not text:
+            return
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.write(text)
+                self._file.flush()
+                self.records_written += text.count("\n")
+            except (OSError, ValueError) as error:
+                logger.warning("gpuprof: cannot write %s (%s); this stream is switched off", self.path, error)
+                self._close_quietly()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+
+class RunWriter:
+    """The writer of one rank's part of a run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int):
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.rank_dir = self.run_dir / schema.rank_dir_name(rank)
+        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        self._clear_previous_run()
+        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl") for name in schema.STREAMS}
+
+    def _clear_previous_run(self) -> None:
+        """A new run in the same directory replaces this rank's files of the previous one."""
+        stale = [*self.rank_dir.glob("*.jsonl"), *self.rank_dir.glob("*.parquet")]
+        stale += list((self.run_dir / schema.TRACES_DIR).glob(f"*/{schema.rank_dir_name(self.rank)}.*"))
+        if stale:
+            logger.warning("gpuprof: %s held an earlier run; replacing its rank-%d files", self.run_dir, self.rank)
+        for path in stale:
+            path.unlink(missing_ok=True)
+
+    def write(self, stream: str, records: Iterable[Mapping[str, Any]]) -> None:
+        self.streams[stream].write(records)
+
+    def write_run_meta(self, meta: Mapping[str, Any]) -> None:
+        self._write_meta(self.run_dir / schema.RUN_META, meta)
+
+    def write_rank_meta(self, meta: Mapping[str, Any]) -> None:
+        self._write_meta(self.rank_dir / schema.RANK_META, meta)
+
+    def _write_meta(self, path: Path, meta: Mapping[str, Any]) -> None:
+        try:
+            write_json_atomic(path, meta)
+        except OSError as error:
+            logger.warning("gpuprof: cannot write %s (%s)", path, error)
+
+    def artifact_dir(self, name: str) -> Path:
+        """A folder for files beside the streams (`traces`, `snapshots`, `numerics`)."""
+        path = self.run_dir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def trace_path(self, first_step: int, last_step: int) -> Path:
+        """This rank's Chrome trace of a window; one folder per window, as HTA expects."""
+        folder = self.artifact_dir(schema.TRACES_DIR) / f"steps-{first_step}-{last_step}"
+        folder.mkdir(exist_ok=True)
+        return folder / f"{schema.rank_dir_name(self.rank)}.pt.trace.json.gz"
+
+    def snapshot_path(self, step: int) -> Path:
+        return self.artifact_dir(schema.SNAPSHOTS_DIR) / f"{schema.rank_dir_name(self.rank)}.step-{step}.pickle"
+
+    def relative(self, path: Path) -> str:
+        return str(path.relative_to(self.run_dir))
+
+    def close(self) -> None:
+        """Closes the streams and compacts each to Parquet; a failure leaves the JSON lines."""
+        for name, stream in self.streams.items():
+            stream.close()
+            try:
+                compact(stream.path, name)
+            except Exception as error:  # noqa: BLE001 - the JSON lines remain readable
+                logger.warning("gpuprof: could not compact %s to Parquet (%s)", stream.path, error)
+
+
+def compact(jsonl: Path, stream: str) -> None:
+    """JSON lines -> Parquet beside it (atomically), then removes the JSON lines."""
+    from gpuprof.run.reader import read_jsonl_frame
+
+    frame = read_jsonl_frame(jsonl, stream)
+    if "details" in frame:
+        frame["details"] = [json.dumps(d, default=_json_default) if d is not None else None for d in frame["details"]]
+    for column in frame.columns:  # a column of only nulls is stored as float, not pyarrow's null type
+        if frame[column].isna().all():
+            frame[column] = frame[column].astype("float64")
+    target = jsonl.with_suffix(".parquet")
+    tmp = target.with_name(f".{target.name}.tmp")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, target)
+    jsonl.unlink()
+

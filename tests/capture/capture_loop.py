@@ -1,0 +1,118 @@
+"""A real tiny GPT-2 training loop for the capture tests; also a script for subprocess and torchrun runs.
+
+    python capture_loop.py RUN_DIR --steps 50 --sleep-s 0.1 [--ddp] [--nvml-notice-twice]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import gpuprof
+
+transformers.logging.set_verbosity_error()
+VOCAB, SEQ, BATCH = 256, 32, 4
+
+
+def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=VOCAB, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+def batch(step: int, micro: int = 0, rank: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(10_000 * rank + 100 * step + micro)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+
+
+def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_at=None, scheduler=False,
+          sleep_s=0.0, ddp=False, **profile_options) -> dict:
+    """Trains `steps` optimizer steps; profiled into `run_dir` when given, bare otherwise.
+
+    overflow_at: a step whose loss is multiplied by 1e9 before backward, so fp16 activation
+    gradients really overflow and the GradScaler skips that optimizer step.
+    Returns what the loop itself saw: losses, clip_grad_norm_ results, learning rates used.
+    """
+    rank = int(os.environ.get("RANK", 0))
+    model = tiny_model()
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if scheduler else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if precision == "fp16" else None
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    seen = {"losses": [], "clip_norms": [], "lrs": []}
+    prof = None
+    profile_options.setdefault("numerics", False)  # NaN forensics has its own tests (tests/numerics)
+    if run_dir is not None:
+        prof = gpuprof.profile(run_dir, model=model, optimizer=optimizer, scaler=scaler, lr_scheduler=lr_scheduler,
+                               config={"precision": precision}, **profile_options).start()
+    phase = prof.phase if prof is not None else (lambda name: contextlib.nullcontext())
+    try:
+        for step in range(steps):
+            step_loss = 0.0
+            for micro in range(accumulation):
+                with phase("data"):
+                    inputs = batch(step, micro, rank)
+                with phase("forward"), torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                                                      enabled=autocast_dtype is not None):
+                    loss = model(input_ids=inputs, labels=inputs).loss / accumulation
+                with phase("backward"):
+                    scaled = loss * 1e9 if step == overflow_at else loss
+                    (scaler.scale(scaled) if scaler else scaled).backward()
+                step_loss += loss.item()
+            with phase("optimizer"):
+                if scaler:
+                    scaler.unscale_(optimizer)
+                seen["clip_norms"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+                seen["lrs"].append(optimizer.param_groups[0]["lr"])
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                if lr_scheduler is not None:
+                    lr_scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            seen["losses"].append(step_loss)
+            if prof is not None:
+                prof.step(loss=torch.tensor(step_loss), tokens=BATCH * SEQ * accumulation)
+            time.sleep(sleep_s)
+    finally:
+        if prof is not None:
+            prof.close()
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--sleep-s", type=float, default=0.0)
+    parser.add_argument("--ddp", action="store_true")
+    parser.add_argument("--trace-steps", type=int, nargs=2)
+    parser.add_argument("--runs", type=int, default=1, help="profiled runs in this one process")
+    args = parser.parse_args()
+    if args.ddp:
+        torch.distributed.init_process_group("gloo")
+    trace = range(*args.trace_steps) if args.trace_steps else None
+    for index in range(args.runs):
+        run_dir = args.run_dir if args.runs == 1 else f"{args.run_dir}-{index}"
+        seen = train(run_dir, steps=args.steps, sleep_s=args.sleep_s, ddp=args.ddp, trace_steps=trace)
+        rank = int(os.environ.get("RANK", 0))
+        Path(f"{run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
+    if args.ddp:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The background sampler on a machine without NVML: host samples, and the notice said once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpuprof
+
+LOOP = Path(__file__).with_name("capture_loop.py")
+
+
+def _nvml_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.mark.skipif(_nvml_present(), reason="this test is about a machine without NVML")
+def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path):
+    result = subprocess.run([sys.executable, str(LOOP), str(tmp_path / "run"), "--steps", "4", "--sleep-s", "0.15",
+                             "--runs", "2"], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stderr.count("device metrics off") == 1  # once per process, two runs
+    for index in (0, 1):
+        run = gpuprof.load_run(tmp_path / f"run-{index}")
+        system = run.system
+        assert len(system) >= 4  # 0.6 s of steps at 10 Hz
+        assert system["device_index"].isna().all() and system["gpu_util_pct"].isna().all()
+        assert system["host_cpu_pct"].between(0, 100).all()
+        assert (system["proc_rss_bytes"] > 50e6).all()
+        assert (system["host_mem_used_bytes"] < system["host_mem_total_bytes"]).all()
+        assert system["time_unix_s"].is_monotonic_increasing
+        notice = run.events[run.events["kind"] == "device_metrics_off"]
+        assert notice["details"].iloc[0]["reason"].startswith("NVML unavailable")
