@@ -1,0 +1,175 @@
+"""Speed and peak memory of gpuprof's trace analyzer against HolisticTraceAnalysis (HTA).
+
+Measures "load + temporal breakdown + kernel breakdown" on the shared real traces and on
+a large trace synthesized by replicating a real one (shifted in time, with fresh
+correlation ids and step numbers), each run in a fresh process so peak RSS is its own.
+
+    .venv/bin/python benchmarks/trace_speed.py                      # HTA from --hta-python
+    .venv/bin/python benchmarks/trace_speed.py --replicate 25 --large-replicate 100
+
+HTA is a benchmark-only dependency (`pip install -e .[bench]`); if it conflicts with the
+project's environment, install it into its own virtual environment with the same torch
+(e.g. `python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install torch==2.13.0
+HolisticTraceAnalysis`) and pass `--hta-python /tmp/hta-venv/bin/python`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
+REAL_TRACES = ("a100_2rank_nccl", "v100_ns_timestamps", "sampled_world128")
+
+# Each runs in its own process; prints one JSON line with seconds (after imports) and peak RSS.
+GPUPROF_RUN = """
+import json, resource, sys, time
+from gpuprof.analysis.trace import TraceAnalysis
+start = time.perf_counter()
+analysis = TraceAnalysis(sys.argv[1])
+analysis.temporal_breakdown(); analysis.kernel_type_breakdown(); analysis.top_kernels()
+seconds = time.perf_counter() - start
+peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(json.dumps({"seconds": seconds, "peak_rss_mb": peak / 1024}))
+"""
+HTA_RUN = """
+import json, logging, resource, sys, time
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+start = time.perf_counter()
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+analysis.get_temporal_breakdown(visualize=False)
+analysis.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
+seconds = time.perf_counter() - start
+peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(json.dumps({"seconds": seconds, "peak_rss_mb": peak / 1024}))
+"""
+
+
+def measure(python: str, script: str, trace_dir: Path, timeout_s: float) -> dict | None:
+    try:
+        result = subprocess.run([python, "-c", script, str(trace_dir)], capture_output=True, text=True,
+                                timeout=timeout_s, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {result.returncode}: {last[:120]}"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def replicate(source: Path, copies: int, destination: Path) -> int:
+    """Write `copies` back-to-back copies of a one-file trace; returns the event count."""
+    document = json.loads(gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes())
+    events = document.pop("traceEvents")
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    start = min(e["ts"] for e in timed)
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - start
+    max_id = max(max(e.get("args", {}).get(k, 0) or 0 for e in events if isinstance(e.get("args"), dict))
+                 for k in ("correlation", "External id")) + 1
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with open(destination, "w") as out:
+        out.write(json.dumps(document)[:-1] + ', "traceEvents": [')
+        for copy in range(copies):
+            for event in events:
+                event = _shifted(event, copy, span * 1.01, max_id)
+                out.write(("," if count else "") + json.dumps(event))
+                count += 1
+        out.write("]}")
+    return count
+
+
+def _shifted(event: dict, copy: int, period: float, id_offset: int) -> dict:
+    if copy == 0:
+        return event
+    event = dict(event)
+    if isinstance(event.get("ts"), (int, float)):
+        event["ts"] = event["ts"] + copy * period
+    if isinstance(event.get("id"), int):
+        event["id"] = event["id"] + copy * id_offset
+    name = event.get("name")
+    if isinstance(name, str) and name.startswith("ProfilerStep#"):
+        event["name"] = f"ProfilerStep#{int(name.split('#')[1]) + copy * 1000}"
+    if isinstance(event.get("args"), dict):
+        args = dict(event["args"])
+        for key in ("correlation", "External id"):
+            if isinstance(args.get(key), int) and args[key] > 0:
+                args[key] += copy * id_offset
+        event["args"] = args
+    return event
+
+
+def count_events(trace_dir: Path) -> int:
+    """Events in the (small, real) trace files of a folder."""
+    total = 0
+    for file in trace_dir.iterdir():
+        data = file.read_bytes()
+        total += len(json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)["traceEvents"])
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the shared traces folder")
+    parser.add_argument("--hta-python", default=os.environ.get("HTA_PYTHON", "/tmp/hta-venv/bin/python"),
+                        help="a Python with HolisticTraceAnalysis installed")
+    parser.add_argument("--replicate", type=int, default=25, help="copies of a100_2rank_nccl in the large trace")
+    parser.add_argument("--large-replicate", type=int, default=0,
+                        help="also time gpuprof alone on this many copies (100 copies ≈ 1 GB of JSON)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per measurement")
+    args = parser.parse_args()
+    have_hta = Path(args.hta_python).exists() or args.hta_python == sys.executable
+    if not have_hta:
+        print(f"HTA not measured: {args.hta_python} not found (see this script's docstring)")
+
+    work = Path(tempfile.mkdtemp(prefix="gpuprof-trace-bench-"))
+    cases = [(name, args.traces / name, count_events(args.traces / name), True)
+             for name in REAL_TRACES if (args.traces / name).is_dir()]
+    source = args.traces / "a100_2rank_nccl" / "nccl_data.json.gz"
+    for copies, with_hta in ((args.replicate, True), (args.large_replicate, False)):
+        if copies and source.exists():
+            target = work / f"a100_x{copies}"
+            events = replicate(source, copies, target / "rank-0.json")
+            cases.append((f"a100 x{copies}", target, events, with_hta))
+
+    print(f"{'trace':<20} {'events':>10} {'file MB':>7} {'gpuprof s':>10} {'HTA s':>9} {'speed-up':>9} "
+          f"{'gpuprof MB':>11} {'HTA MB':>8} {'mem ratio':>10}")
+    for name, trace_dir, events, with_hta in cases:
+        size_mb = sum(f.stat().st_size for f in trace_dir.iterdir()) / 2**20
+        ours = measure(sys.executable, GPUPROF_RUN, trace_dir, args.timeout)
+        theirs = measure(args.hta_python, HTA_RUN, trace_dir, args.timeout) if (have_hta and with_hta) else None
+        print(_row(name, events, size_mb, ours, theirs), flush=True)
+    shutil.rmtree(work)
+    return 0
+
+
+def _row(name: str, events: int, size_mb: float, ours: dict, theirs: dict | None) -> str:
+    def figure(result, key, fmt):
+        if result is None:
+            return "-"
+        return result.get("error", "")[:9] if "error" in result else format(result[key], fmt)
+
+    ratio_time = ratio_mem = "-"
+    if ours and theirs and "error" not in ours and "error" not in theirs:
+        ratio_time = f"{theirs['seconds'] / ours['seconds']:.1f}x"
+        ratio_mem = f"{ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}"
+    if ours and "error" in ours:
+        print(f"gpuprof failed on {name}: {ours['error']}")
+    if theirs and "error" in theirs:
+        print(f"HTA failed on {name}: {theirs['error']}")
+    return (f"{name:<20} {events:>10,} {size_mb:>7.1f} {figure(ours, 'seconds', '.2f'):>10} "
+            f"{figure(theirs, 'seconds', '.2f'):>9} {ratio_time:>9} {figure(ours, 'peak_rss_mb', '.0f'):>11} "
+            f"{figure(theirs, 'peak_rss_mb', '.0f'):>8} {ratio_mem:>10}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The one place that classifies trace events and kernels by name and category.
+
+Kernel types follow HolisticTraceAnalysis (HTA) so temporal and kernel breakdowns can
+be checked against it: communication = NCCL/RCCL kernels, memory = memcpy/memset/DMA,
+computation = every other kernel except synchronization markers and memcpy-named
+kernels, which HTA counts as neither ("other").
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+# Event kinds, from the Chrome-trace category written by Kineto (CUDA, ROCm, older traces).
+KIND_BY_CAT = {
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "Runtime": "runtime",
+    "cpu_op": "cpu_op",
+    "Operator": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+    "cuda_sync": "gpu_sync",
+}
+KINDS = (
+    "kernel",
+    "memcpy",
+    "memset",
+    "runtime",
+    "cpu_op",
+    "user_annotation",
+    "gpu_user_annotation",
+    "python_function",
+    "gpu_sync",
+    "other",
+)
+# Work that occupies a device stream: what HTA calls GPU kernels.
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+
+KERNEL_TYPES = ("computation", "communication", "memory", "other")
+COMMUNICATION_RE = re.compile(r"^(nccl|rccl).*Kernel|^rccl")
+MEMORY_RE = re.compile(r"^(Memcpy|Memset|dma)")
+NOT_COMPUTATION_RE = re.compile(r".*Memcpy|Memset|.*Sync")
+
+# Matrix multiplications: cuBLAS/cuBLASLt/CUTLASS/rocBLAS(Tensile)/hipBLASLt/CK names,
+# plus fused attention kernels, which are matmul work too.
+MATMUL_RE = re.compile(
+    r"(?<!fb)gemm|GEMM|Gemm|gemv|matmul|Matmul|cutlass|cublas|xmma|\bCijk_|wgmma|"
+    r"flash_(fwd|bwd)|fmha|attention|Attention",
+)
+# Kernels that run on tensor cores (NVIDIA) or matrix cores (AMD MFMA).
+TENSOR_CORE_RE = re.compile(
+    r"[hsi]\d{3,5}gemm|[hi]mma|HMMA|xmma|wgmma|tensorop|TensorOp|tensor_op|_tc_|"
+    r"bf16|BF16|fp16|f16f16|tf32|_MI\d+x\d+x|MFMA|mfma|flash_(fwd|bwd)|fmha",
+)
+
+# Runtime calls that block the host until the device catches up.
+SYNC_CALL_RE = re.compile(
+    r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy|Memcpy2D|"
+    r"MemcpyDtoH|MemcpyFromSymbol)$"
+)
+ASYNC_COPY_CALL_RE = re.compile(r"^(cuda|hip)Memcpy(Async|2DAsync|DtoHAsync)$")
+DEVICE_TO_HOST_RE = re.compile(r"DtoH|Device -> Pageable|Device -> Pinned|DeviceToHost")
+
+# CPU-side markers for the step-time breakdown.
+DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)|DataLoader.*__next__|^data$")
+CPU_COLLECTIVE_RE = re.compile(r"^(nccl|gloo|mpi|ucc|c10d)[:_]|^record_param_comms$|^c10d::")
+PROFILER_STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+
+
+def kernel_type(name: str) -> str:
+    """HTA's kernel type of one device event name, lower case."""
+    if COMMUNICATION_RE.match(name):
+        return "communication"
+    if MEMORY_RE.match(name):
+        return "memory"
+    if NOT_COMPUTATION_RE.match(name):
+        return "other"
+    return "computation"
+
+
+def kind_of_cat(cat) -> str:
+    return KIND_BY_CAT.get(cat, "other")
+
+
+def map_categories(values: pd.Series, function, categories) -> pd.Series:
+    """Apply `function` once per distinct value of a categorical Series."""
+    values = values.astype("category")
+    labels = np.array([function(str(v)) for v in values.cat.categories], dtype=object)
+    codes = values.cat.codes.to_numpy()
+    mapped = np.where(codes >= 0, labels[codes] if len(labels) else None, None)
+    return pd.Series(pd.Categorical(mapped, categories=categories), index=values.index)
+
+
+def matches(values: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Boolean array: does each value of a (categorical) Series match `pattern`."""
+    values = values.astype("category")
+    hits = np.array([bool(pattern.search(str(v))) for v in values.cat.categories], dtype=bool)
+    codes = values.cat.codes.to_numpy()
+    return np.where(codes >= 0, hits[codes] if len(hits) else False, False)

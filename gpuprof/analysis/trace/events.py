@@ -1,0 +1,110 @@
+"""Selections shared by the analyses: device/host events, profiler steps, the analysis window."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analysis.trace.classify import PROFILER_STEP_RE, matches
+from gpuprof.analysis.trace.loader import RankTrace, Trace
+
+HOST_STEP_KINDS = ("user_annotation", "cpu_op")
+
+
+def spans(events: pd.DataFrame) -> np.ndarray:
+    """The [ts_us, end_us) intervals of `events`, for gpuprof.analysis.intervals."""
+    return np.column_stack([events["ts_us"].to_numpy(), events["end_us"].to_numpy()])
+
+
+def device_events(events: pd.DataFrame) -> pd.DataFrame:
+    """Kernels, memcpys and memsets: the work that occupies device streams."""
+    return events[events["is_device"].to_numpy()]
+
+
+def host_events(events: pd.DataFrame) -> pd.DataFrame:
+    return events[~events["is_device"].to_numpy()]
+
+
+def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
+    """Host `ProfilerStep#N` events, one per step number (the first if repeated), in time order."""
+    candidates = events[events["kind"].isin(HOST_STEP_KINDS).to_numpy()]
+    candidates = candidates[matches(candidates["name"], PROFILER_STEP_RE)]
+    step = candidates["name"].astype(str).str.extract(PROFILER_STEP_RE.pattern, expand=False)
+    steps = candidates.assign(step=step.astype(np.int64))
+    return steps.sort_values("ts_us", kind="stable").drop_duplicates("step").reset_index(drop=True)
+
+
+def drop_last_step(events: pd.DataFrame, include_last_step: bool) -> pd.DataFrame:
+    """HTA's default analysis window: host events before the last profiler step starts and
+    the device events they launched. With `include_last_step`, host events up to the end
+    of the last step. Traces with fewer than two steps are kept whole, as in HTA."""
+    steps = profiler_steps(events)
+    if len(steps) < 2:
+        return events
+    host = ~events["is_device"].to_numpy()
+    if include_last_step:
+        kept_host = host & (events["ts_us"].to_numpy() <= steps["end_us"].max())
+    else:
+        kept_host = host & (events["ts_us"].to_numpy() < steps["ts_us"].max())
+    correlation = events["correlation"].to_numpy()
+    launched = np.isin(correlation, correlation[kept_host & (correlation >= 0)])
+    kept_device = ~host & (correlation >= 0) & launched
+    return events[kept_host | kept_device].reset_index(drop=True)
+
+
+def windowed(trace: Trace, include_last_step: bool) -> Trace:
+    ranks = {
+        rank: replace(rank_trace, events=drop_last_step(rank_trace.events, include_last_step))
+        for rank, rank_trace in trace.ranks.items()
+    }
+    return replace(trace, ranks=ranks)
+
+
+def step_windows(rank_trace: RankTrace) -> pd.DataFrame:
+    """Contiguous [start_us, end_us) wall-time windows, one per profiler step.
+
+    A step runs from its host ProfilerStep start to the next step's start; the last step
+    ends when both its host step and the device work launched inside it have ended.
+    Without ProfilerStep markers the whole trace is one window with step -1.
+    """
+    events = rank_trace.events
+    steps = profiler_steps(events)
+    if steps.empty:
+        return pd.DataFrame(
+            {"step": [-1], "start_us": [events["ts_us"].min()], "end_us": [events["end_us"].max()]}
+        )
+    starts = steps["ts_us"].to_numpy()
+    last = steps.iloc[-1]
+    in_last = (~events["is_device"]) & (events["ts_us"] >= last["ts_us"]) & (events["correlation"] >= 0)
+    launched = events["is_device"] & events["correlation"].isin(events.loc[in_last, "correlation"])
+    last_end = max(int(last["end_us"]), int(events.loc[launched, "end_us"].max()) if launched.any() else 0)
+    ends = np.append(starts[1:], last_end)
+    return pd.DataFrame({"step": steps["step"].to_numpy(), "start_us": starts, "end_us": ends})
+
+
+OVERVIEW_COLUMNS = [
+    "rank",
+    "world_size",
+    "file",
+    "events",
+    "device_events",
+    "has_device_activity",
+    "profiler_steps",
+    "span_us",
+]
+
+
+def overview(trace: Trace) -> pd.DataFrame:
+    """One row per rank: what the analysis window holds."""
+    rows = []
+    for rank, rank_trace in trace.ranks.items():
+        events = rank_trace.events
+        device_count = int(events["is_device"].sum())
+        span = int(events["end_us"].max() - events["ts_us"].min()) if len(events) else 0
+        rows.append(
+            [rank, rank_trace.world_size, str(rank_trace.path), len(events), device_count,
+             device_count > 0, len(profiler_steps(events)), span]
+        )
+    return pd.DataFrame(rows, columns=OVERVIEW_COLUMNS)

@@ -1,0 +1,271 @@
+"""Load torch.profiler (Kineto) Chrome traces into one columnar DataFrame per rank.
+
+Input: a `.json` or `.json.gz` file (gzip is detected from the content, not the name),
+a directory of per-rank files, or a list of files. The JSON is read in blocks
+(jsonstream.py) and decoded with msgspec straight into typed structs that keep only the
+fields gpuprof uses; each block becomes compact columns (categorical codes, int64
+microseconds) before the next is read, so memory is about the final DataFrame plus one
+block, never the whole document.
+
+Time: Chrome-trace timestamps are microseconds (`displayTimeUnit` only affects
+display and is ignored, as in HTA). Kineto writes nanosecond fractions; like HTA we
+round every complete event inward to whole microseconds (start up, end down) so that
+back-to-back events never overlap by a rounding error, then make times relative to
+the earliest event of all ranks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from gpuprof.analysis.trace.classify import (
+    DEVICE_KINDS,
+    KERNEL_TYPES,
+    KINDS,
+    kernel_type,
+    kind_of_cat,
+    map_categories,
+)
+from gpuprof.analysis.trace.jsonstream import decode_trace
+from gpuprof.errors import TraceFormatError
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+MAX_TIME_US = 1e17  # about 3,000 years: anything larger is not a timestamp
+_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+class _Args(msgspec.Struct, gc=False, frozen=True):
+    external_id: int | None = msgspec.field(default=-1, name="External id")
+    correlation: int | None = -1
+    stream: int | str | None = -1
+    device: int | str | None = -1
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    name: str | int | None = None
+    cat: str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _Args | None = _NO_ARGS
+
+
+class _DistributedInfo(msgspec.Struct, gc=False):
+    rank: int | str | None = None
+    world_size: int | str | None = None
+    backend: str | None = None
+
+
+class _TraceDocument(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | None = None  # noqa: N815 - the Chrome-trace key
+    distributedInfo: _DistributedInfo | None = None  # noqa: N815
+    deviceProperties: list[dict] | None = None  # noqa: N815
+
+
+@dataclass
+class RankTrace:
+    """The complete ("X") events of one rank, one row per event, times in integer µs."""
+
+    rank: int
+    events: pd.DataFrame
+    path: Path
+    world_size: int | None = None
+    backend: str | None = None
+    device_properties: list[dict] = field(default_factory=list)
+
+    @property
+    def has_device_activity(self) -> bool:
+        return bool(self.events["is_device"].any())
+
+
+@dataclass
+class Trace:
+    """All ranks of one trace; `base_ts_us` is the absolute time of relative time 0."""
+
+    ranks: dict[int, RankTrace]
+    base_ts_us: int
+
+
+def trace_files(path) -> list[Path]:
+    """The trace files named by `path`: a file, a directory of them, or a list of files."""
+    if isinstance(path, (list, tuple)):
+        files = [Path(p) for p in path]
+    else:
+        path = Path(path)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            if not files:
+                raise TraceFormatError(f"{path}: no .json or .json.gz trace files in this directory")
+        else:
+            files = [path]
+    for file in files:
+        if not file.is_file():
+            raise TraceFormatError(f"{file}: no such trace file")
+    if not files:
+        raise TraceFormatError("no trace files given")
+    return files
+
+
+def load_trace(path) -> Trace:
+    """Read every rank's file; raise TraceFormatError for anything that is not a usable trace."""
+    raw = [_read_file(file) for file in trace_files(path)]
+    ranks = _assign_ranks(raw)
+    base = min(r["ts_min"] for r in raw)
+    traces = {rank: _rank_trace(rank, item, base) for rank, item in ranks.items()}
+    return Trace(ranks=dict(sorted(traces.items())), base_ts_us=int(base))
+
+
+def _read_file(file: Path) -> dict:
+    columns = _Columns(file)
+    document = decode_trace(file, _Event, _TraceDocument, columns.add)
+    if columns.count == 0:
+        raise TraceFormatError(f"{file}: empty trace (no complete 'X' events)")
+    info = document.distributedInfo or _DistributedInfo()
+    return {
+        "file": file,
+        "columns": columns.finish(),
+        "ts_min": columns.start_min,
+        "rank": _as_int(info.rank) if _as_int(info.rank) >= 0 else None,
+        "world_size": _as_int(info.world_size) if _as_int(info.world_size) > 0 else None,
+        "backend": info.backend,
+        "device_properties": document.deviceProperties or [],
+    }
+
+
+class _Columns:
+    """Accumulates the complete events of each decoded chunk as compact arrays."""
+
+    STRINGS = ("name", "cat", "pid", "tid")
+    INTEGERS = ("stream", "device", "correlation", "external_id")
+
+    def __init__(self, file: Path):
+        self.file = file
+        self.codes = {key: {None: -1} for key in self.STRINGS}
+        self.parts: dict[str, list[np.ndarray]] = {key: [] for key in (*self.STRINGS, *self.INTEGERS, "start_abs", "end_abs")}
+        self.count = 0
+        self.start_min = np.inf
+
+    def add(self, events: list[_Event], offset: int) -> None:
+        complete = [e for e in events if e.ph == "X" and e.cat != "Trace"]
+        if not complete:
+            return
+        ts = np.array([e.ts for e in complete], dtype=np.float64)
+        dur = np.array([e.dur for e in complete], dtype=np.float64)
+        bad = np.flatnonzero(~(np.abs(ts) < MAX_TIME_US) | ~(np.abs(dur) < MAX_TIME_US))
+        missing_name = [i for i, e in enumerate(complete) if e.name is None]
+        if len(bad) or missing_name:
+            event = complete[min([*bad.tolist(), *missing_name])]
+            raise TraceFormatError(
+                f"{self.file}: complete event {event.name!r} at ts {event.ts} lacks 'name', 'ts' or 'dur' "
+                "or has a time out of range"
+            )
+        # Whole µs, rounded inward as HTA does; float64 is exact for these magnitudes.
+        start = np.ceil(ts)
+        self.parts["start_abs"].append(start)
+        self.parts["end_abs"].append(np.floor(ts + dur))
+        self.start_min = min(self.start_min, float(start.min()))
+        for key in self.STRINGS:
+            self.parts[key].append(_codes(list(map(attrgetter(key), complete)), self.codes[key]))
+        args = [e.args or _NO_ARGS for e in complete]
+        for key in self.INTEGERS:
+            self.parts[key].append(_int_column(list(map(attrgetter(key), args))))
+        self.count += len(complete)
+
+    def finish(self) -> dict:
+        # Concatenate and release one column at a time, so peak memory holds one extra column.
+        columns = {key: np.concatenate(self.parts.pop(key)) for key in list(self.parts)}
+        for key in self.STRINGS:
+            columns[key] = _categorical(columns[key], self.codes[key])
+        return columns
+
+
+def _as_int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _int_column(values: list) -> np.ndarray:
+    """Integers, -1 where absent; numeric strings (as some exporters write streams) are parsed."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_as_int(v) for v in values], dtype=np.int64)
+
+
+def _assign_ranks(raw: list[dict]) -> dict[int, dict]:
+    ranks: dict[int, dict] = {}
+    for position, item in enumerate(raw):
+        rank = item["rank"]
+        if rank is None:
+            match = _RANK_IN_NAME_RE.search(item["file"].name)
+            rank = int(match.group(1)) if match else (0 if len(raw) == 1 else position)
+        if rank in ranks:
+            raise TraceFormatError(
+                f"two trace files for rank {rank} ({ranks[rank]['file']}, {item['file']}): "
+                "pass one file, or a directory with one file per rank"
+            )
+        ranks[rank] = item
+    return ranks
+
+
+def _codes(values: list, codes_by_value: dict) -> np.ndarray:
+    """Integer codes of `values`, extending the shared value -> code table (None is -1).
+
+    pandas' hash-based factorize does the per-event work in C; only distinct values
+    go through the Python table."""
+    local_codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=True)
+    table = np.array([codes_by_value.setdefault(v, len(codes_by_value) - 1) for v in uniques] + [-1], dtype=np.int32)
+    return table[local_codes]  # local code -1 (missing) picks the trailing -1
+
+
+def _categorical(codes: np.ndarray, codes_by_value: dict) -> pd.Categorical:
+    """The values as strings; values equal as strings (1 and "1") share one category."""
+    labels = [str(v) for v in codes_by_value if v is not None]
+    unique = list(dict.fromkeys(labels))
+    if len(unique) < len(labels):
+        remap = np.array([unique.index(label) for label in labels] + [-1], dtype=np.int32)
+        codes = remap[codes]  # code -1 picks the trailing -1
+    return pd.Categorical.from_codes(codes, categories=unique)
+
+
+def _rank_trace(rank: int, item: dict, base: float) -> RankTrace:
+    """The rank's events as a DataFrame in time order; column arrays are released as they are used."""
+    columns = item.pop("columns")
+    order = np.argsort(columns["start_abs"], kind="stable")
+    start = (columns.pop("start_abs")[order] - base).astype(np.int64)
+    end = np.maximum((columns.pop("end_abs")[order] - base).astype(np.int64), start)
+    data = {"ts_us": start, "end_us": end, "dur_us": end - start}
+    for key in _Columns.STRINGS:
+        values = columns.pop(key)
+        data[key] = pd.Categorical.from_codes(values.codes[order], dtype=values.dtype)
+    for key in _Columns.INTEGERS:
+        data[key] = columns.pop(key)[order]
+    frame = pd.DataFrame(data, copy=False)
+    frame["kind"] = map_categories(frame["cat"], kind_of_cat, KINDS)
+    frame["is_device"] = frame["kind"].isin(DEVICE_KINDS).to_numpy()
+    types = map_categories(frame["name"], kernel_type, KERNEL_TYPES)
+    types[frame["kind"].isin(("memcpy", "memset")).to_numpy()] = "memory"
+    types[~frame["is_device"].to_numpy()] = None
+    frame["kernel_type"] = types
+    return RankTrace(
+        rank=rank,
+        events=frame,
+        path=item["file"],
+        world_size=item["world_size"],
+        backend=item["backend"],
+        device_properties=item["device_properties"],
+    )

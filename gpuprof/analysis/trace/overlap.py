@@ -1,0 +1,28 @@
+"""Computation/communication overlap (HTA's `get_comm_comp_overlap`): the share of
+communication-kernel time during which a computation kernel also runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analysis import intervals
+from gpuprof.analysis.trace.events import device_events, spans
+from gpuprof.analysis.trace.loader import Trace
+
+COLUMNS = ["rank", "communication_time_us", "overlapped_time_us", "comm_comp_overlap_pct"]
+
+
+def comm_comp_overlap(trace: Trace) -> pd.DataFrame:
+    rows = []
+    for rank, rank_trace in trace.ranks.items():
+        device = device_events(rank_trace.events)
+        communication = spans(device[device["kernel_type"].eq("communication").to_numpy()])
+        if len(communication) == 0:
+            continue
+        computation = spans(device[device["kernel_type"].eq("computation").to_numpy()])
+        comm_time = intervals.total_length(communication)
+        overlapped = intervals.total_length(intervals.intersect(communication, computation))
+        pct = round(100 * overlapped / comm_time, 2) if comm_time else np.nan
+        rows.append([rank, int(comm_time), int(overlapped), pct])
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,0 +1,51 @@
+"""`gpuprof trace`: terminal report, --json document, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpuprof.cli import main
+from gpuprof.cli.trace import SCHEMA, SCHEMA_VERSION, TABLES
+
+
+@pytest.fixture
+def trace_file(tmp_path, builder):
+    builder.step(1, 0, 100).step(2, 100, 100).host("aten::mm", 2, 20)
+    builder.launch("ampere_sgemm_128x64_nn", 20, 30).launch("ncclKernel_AllReduce", 40, 30, stream=20)
+    return builder.write(tmp_path / "trace.json.gz", rank=0, world_size=1)
+
+
+def test_json_document_is_stable_and_complete(trace_file, capsys):
+    assert main(["trace", str(trace_file), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema"] == SCHEMA and document["schema_version"] == SCHEMA_VERSION
+    assert set(document["tables"]) == set(TABLES)
+    assert document["ranks"] == [0] and document["has_device_activity"] is True
+    temporal = document["tables"]["temporal_breakdown"][0]
+    assert temporal["kernel_time_us"] == 50 and temporal["idle_time_us"] == 0
+
+
+def test_terminal_report_shows_each_section(trace_file, capsys):
+    assert main(["trace", str(trace_file)]) == 0
+    out = capsys.readouterr().out
+    for title in ("Temporal breakdown", "Step time breakdown", "Top kernels", "Computation/communication overlap"):
+        assert title in out
+
+
+def test_cpu_only_trace_says_there_is_no_device_activity(tmp_path, builder, capsys):
+    path = builder.step(1, 0, 10).host("aten::add", 1, 5).write(tmp_path / "cpu.json")
+    assert main(["trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "No device (GPU) activity" in out and "aten::add" in out
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"traceEvents": []}', b'{"a": 1}'])
+def test_bad_trace_is_one_line_and_exit_code_2(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    result = subprocess.run([sys.executable, "-m", "gpuprof", "trace", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("gpuprof trace: error:")
+    assert "Traceback" not in result.stderr and result.stdout == ""
