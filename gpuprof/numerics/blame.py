@@ -1,0 +1,78 @@
+"""The answer of a forensic re-run: where a value first went non-finite, as one event.
+
+`Blame` is the one definition of the event's fields; the run's events stream, the
+replay bundle and `gpuprof replay` all print or store it through this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("forward", "backward", "loss", "optimizer", "state")
+EVENT_KIND = "nonfinite"
+
+
+@dataclass
+class Blame:
+    step: int
+    rank: int
+    phase: str | None = None  # one of PHASES; None when the re-run stayed finite
+    module: str | None = None  # fully qualified module name; None outside any module
+    op: str | None = None  # aten op, e.g. "aten::bmm"
+    first: str | None = None  # "inf" or "nan"
+    dtype: str | None = None
+    shape: list[int] | None = None
+    nonfinite_count: int | None = None
+    input_absmax: float | None = None
+    source: str | None = None  # "path.py:123 in function: code"
+    micro_batch: int | None = None
+    tensor: str | None = None  # the parameter / optimizer-state entry, for phase state/optimizer
+    trigger: str | None = None  # what the always-on flags saw: "loss", "grads", "params", "optimizer_state"
+    cause: dict[str, Any] | None = None  # an earlier step to look at, e.g. an oversized update
+    bundle: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reproduced(self) -> bool:
+        return self.phase is not None
+
+    def details(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_details(cls, details: dict[str, Any]) -> "Blame":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in details.items() if key in known})
+
+    def message(self) -> str:
+        """One line for people: what went non-finite, where, and in which pass."""
+        if not self.reproduced:
+            return f"step {self.step}: non-finite {self.trigger or 'value'}; the re-run stayed finite"
+        where = self.module or "outside any module"
+        what = f"{self.first} in {self.tensor}" if self.phase == "state" else f"first {self.first} from {self.op}"
+        line = f"step {self.step}: {what} ({self.phase}, {where})"
+        if self.cause:
+            line += f"; {self.cause['summary']}"
+        return line
+
+
+def format_blame(blame: Blame) -> str:
+    """The multi-line report `gpuprof replay` and the docs show."""
+    rows = [("step", blame.step), ("rank", blame.rank), ("trigger", blame.trigger),
+            ("phase", blame.phase), ("module", blame.module or "(none: outside any module)"),
+            ("op", blame.op), ("first", blame.first), ("tensor", blame.tensor),
+            ("dtype", blame.dtype), ("shape", blame.shape), ("non-finite", blame.nonfinite_count),
+            ("input abs-max", _number(blame.input_absmax)), ("micro-batch", blame.micro_batch),
+            ("source", blame.source)]
+    lines = [f"non-finite value at step {blame.step}" if blame.reproduced else blame.message()]
+    lines += [f"  {name:<14}{value}" for name, value in rows if value is not None]
+    if blame.cause:
+        lines.append(f"  {'cause':<14}{blame.cause['summary']}")
+    lines += [f"  note: {note}" for note in blame.notes]
+    return "\n".join(lines)
+
+
+def _number(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4g}"

@@ -1,0 +1,87 @@
+"""Replay bundles: everything needed to re-run one step, in a file that cannot carry code.
+
+A bundle is a `torch.save`d dict of tensors, numbers, strings, lists and dicts only, and is
+read back with `torch.load(weights_only=True)`, which refuses anything else (a pickled
+function or class in a bundle from someone else is an error, not code that runs).
+
+Layout (format "gpuprof-numerics-bundle", version 1):
+    step, rank, blame (dict), model_state (state_dict), optimizer (class name + state_dict),
+    scaler (state_dict or None), rng, hyper, non_tensor, training, autocast,
+    micro_batches (list of batches), loss ("default" or "custom"), builder (how to rebuild
+    the model from the command line, e.g. {"name": "gpt2", "config": {...}}, or None).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gpuprof.errors import GpuprofError
+
+FORMAT = "gpuprof-numerics-bundle"
+FORMAT_VERSION = 1
+_REQUIRED = ("step", "rank", "model_state", "optimizer", "rng", "micro_batches", "inputs", "blame")
+
+
+class BundleError(GpuprofError):
+    """A file that is not a readable, safe gpuprof replay bundle."""
+
+
+def bundle_path(run_dir: str | os.PathLike, step: int, rank: int) -> Path:
+    from gpuprof.run.schema import NUMERICS_DIR
+
+    return Path(run_dir) / NUMERICS_DIR / f"step-{step}-rank-{rank}.pt"
+
+
+def to_host(value: Any) -> Any:
+    """`value` with tensors copied to the CPU and containers made plain (dict, list, tuple)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, Mapping):
+        return {key: to_host(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(to_host(item) for item in value)
+    if isinstance(value, list):
+        return [to_host(item) for item in value]
+    return value
+
+
+def save(path: Path, contents: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, **contents}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """The bundle's contents; BundleError (one line) for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    try:
+        contents = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else "unsafe content"
+        raise BundleError(f"{path} is not a safe replay bundle (refused to load: {reason})") from None
+    except Exception as error:  # noqa: BLE001 - any other failure means the same to the user
+        raise BundleError(f"{path} is not a replay bundle ({type(error).__name__}: {error})") from None
+    _check(path, contents)
+    return contents
+
+
+def _check(path: Path, contents: Any) -> None:
+    if not isinstance(contents, dict) or contents.get("format") != FORMAT:
+        raise BundleError(f"{path} is not a gpuprof replay bundle")
+    if contents.get("format_version", 0) > FORMAT_VERSION:
+        raise BundleError(f"{path} was written by a newer gpuprof (bundle version {contents['format_version']})")
+    missing = [key for key in _REQUIRED if key not in contents]
+    if missing:
+        raise BundleError(f"{path} is incomplete: missing {', '.join(missing)}")
+    if not all(isinstance(v, torch.Tensor) for v in contents["model_state"].values()):
+        raise BundleError(f"{path} holds a model state that is not all tensors")

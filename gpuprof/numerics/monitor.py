@@ -1,0 +1,312 @@
+"""The numerics collector: always-on finiteness flags, and forensics on the first bad step.
+
+Per step, on the device and without a host sync:
+- flags: loss non-finite; gradients non-finite (the gradient collector's norms; with a
+  GradScaler its found-inf decides instead, see ScalerTimeline); every `state_interval`
+  steps, parameters and optimizer state non-finite;
+- the largest |weight| at the start of the step (to point back at an oversized update);
+- the state the step starts from (StateKeeper), frozen by the flags themselves.
+The flags reach the host with the step record (a step or two later on CUDA, at once on
+CPU); the first bad step is then re-run from the kept state in forensic mode and reported
+as a `nonfinite` event plus a replay bundle in RUN/numerics/.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+import torch
+
+from gpuprof.numerics import bundle
+from gpuprof.numerics.blame import EVENT_KIND, Blame
+from gpuprof.numerics.forensics import default_loss, eager_model, forward_call, load_state, private_copy, reenact
+from gpuprof.numerics.state import (
+    StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, rng_states,
+)
+from gpuprof.numerics.timeline import LayerGradients, ScalerTimeline, SpikeDetector, oversized_update
+
+logger = logging.getLogger("gpuprof")
+
+POLICIES = ("record", "raise", "skip")
+DEFAULTS = {"state_interval": 50, "keep_state": True, "spike_z": 6.0, "spike_window": 50,
+            "max_reports": 1, "layer_factor": 1e3, "builder": None}
+_FLAGS = ("loss", "grads", "params", "optimizer_state", "scaler_overflow")
+PERSISTENT_OVERFLOW_STEPS = 3  # GradScaler skips in a row, after warm-up, that make it a real problem
+
+
+class NonFiniteError(RuntimeError):
+    """on_nonfinite="raise": a step went non-finite (the event and bundle are already written)."""
+
+    def __init__(self, blame: Blame):
+        super().__init__(blame.message())
+        self.blame = blame
+
+
+class NumericsMonitor:
+    name = "numerics"
+
+    def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, *,
+                 loss_fn: Callable | None = None, on_nonfinite: str = "record",
+                 options: Mapping[str, Any] | None = None):
+        from gpuprof.errors import GpuprofError
+
+        if on_nonfinite not in POLICIES:
+            raise GpuprofError(f"on_nonfinite must be one of {', '.join(POLICIES)}, got {on_nonfinite!r}")
+        unknown = set(options or {}) - set(DEFAULTS)
+        if unknown:
+            raise GpuprofError(f"unknown numerics option(s): {', '.join(sorted(unknown))}")
+        self.options = {**DEFAULTS, **(options or {})}
+        self.model, self.optimizer = model, optimizer
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.loss_fn, self.policy = loss_fn, on_nonfinite
+        self.stop_training: NonFiniteError | None = None
+        self._prof = None
+        self._keeper: StateKeeper | None = None
+        self._inputs: StepInputs | None = None
+        self._kept: dict[int, StepInputs] = {}
+        self._history: list[dict[str, Any]] = []
+        self._reports = 0
+        self._later_bad_steps = 0
+        self._handles: list = []
+        self._skip_bad: torch.Tensor | None = None
+        self._scaler_timeline = ScalerTimeline()
+        self._loss_spikes = SpikeDetector("loss_spike", "loss", self.options["spike_z"], self.options["spike_window"])
+        self._grad_spikes = SpikeDetector("grad_norm_spike", "gradient norm", self.options["spike_z"],
+                                          self.options["spike_window"])
+        self._layers: LayerGradients | None = None
+        self._overflow = _OverflowStreak() if self.scaler is not None else None
+
+    # ------------------------------------------------------------------ collector hooks
+    def on_start(self, prof) -> None:
+        self._prof = prof
+        if self.options["keep_state"]:
+            self._keeper = StateKeeper(prof.device)
+        hook = torch._dynamo.disable(prof.collectors.guard(self, "forward_pre_hook", self._on_forward))
+        self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
+        if self.policy == "skip" and self.optimizer is not None:
+            guard = prof.collectors.guard
+            self._handles += [
+                self.optimizer.register_step_pre_hook(guard(self, "optimizer_pre_hook", self._check_grads)),
+                self.optimizer.register_step_post_hook(guard(self, "optimizer_post_hook", self._undo_bad_update)),
+            ]
+
+    def on_close(self, prof) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._later_bad_steps:
+            prof.event("nonfinite_steps", f"{self._later_bad_steps} more non-finite steps after the reported one",
+                       severity="warning", count=self._later_bad_steps)
+
+    def on_step_start(self, prof, step: int) -> None:
+        self._inputs = None
+
+    def on_step_end(self, prof, state) -> dict:
+        inputs = self._inputs or self._begin_step(state.step)
+        inputs.batch = state.batch
+        self._kept[state.step] = inputs
+        flags = self._flags(state, inputs)
+        if self._keeper is not None:
+            self._keeper.freeze_if(flags[: len(_FLAGS)].any())
+        return {"_numerics_flags": flags.float(), "_numerics_lr": _first_lr(inputs.hyper)}
+
+    def on_step_record(self, prof, record: dict) -> None:
+        step = record["step"]
+        values = record.get("_numerics_flags") or [0.0] * (len(_FLAGS) + 1)
+        self._history.append({"step": step, "param_absmax": values[-1], "lr": record.get("_numerics_lr")})
+        self._history = self._history[-100:]
+        for event in self._observe(step, record):
+            prof.event(event["kind"], event["message"], severity=event["severity"], step=event["step"],
+                       **event["details"])
+        bad = [name for name, value in zip(_FLAGS, values) if value]
+        if bad:
+            self._on_nonfinite(prof, step, bad)
+            if self._keeper is not None:
+                self._keeper.unfreeze()  # frozen means "an unread bad step": this one is read now
+        self._kept = {s: i for s, i in self._kept.items() if s > step}
+        if self._keeper is not None:
+            self._keeper.release(step)
+
+    # ------------------------------------------------------------------ always-on path
+    def _on_forward(self, module, args, kwargs) -> None:
+        if not torch.is_grad_enabled():
+            return  # evaluation inside the loop is not part of the step
+        if self._inputs is None:
+            self._begin_step(self._prof.step_index)
+        self._inputs.forward_calls.append(forward_call(args, kwargs))
+
+    def _begin_step(self, step: int) -> StepInputs:
+        model = eager_model(self.model)
+        tensors = live_tensors(model, self.optimizer, self.scaler)
+        params = {name for name, _ in model.named_parameters()}
+        other = {}
+        if self._keeper is not None:
+            other = self._keeper.refresh(tensors, params, step, unread_steps=bool(self._kept))
+        self._inputs = StepInputs(
+            step=step, rng=rng_states(), hyper=hyperparameters(self.optimizer), other_device=other,
+            non_tensor=non_tensor_optimizer_state(model, self.optimizer), training=model.training,
+            autocast=_autocast_now(),
+        )
+        absmax = self._keeper.param_absmax() if self._keeper is not None else None
+        self._inputs.param_absmax = absmax if absmax is not None else _absmax(
+            [p.detach() for p in model.parameters() if p.device == self._prof.device], self._prof.device)
+        return self._inputs
+
+    def _flags(self, state, inputs: StepInputs) -> torch.Tensor:
+        device = self._prof.device
+        no = torch.zeros((), dtype=torch.bool, device=device)
+        loss_bad = ~state.loss_finite.to(device) if isinstance(state.loss_finite, torch.Tensor) else no
+        grads_bad = ~state.grad_finite.to(device) \
+            if self.scaler is None and isinstance(state.grad_finite, torch.Tensor) else no
+        params_bad = optimizer_bad = no
+        interval = self.options["state_interval"]
+        if interval and state.step % interval == 0:
+            model = eager_model(self.model)
+            params_bad = _any_nonfinite([p.detach() for p in model.parameters()], device)
+            optimizer_bad = _any_nonfinite(
+                [t for n, t in live_tensors(model, self.optimizer).items() if "::" in n], device)
+        absmax = inputs.param_absmax if inputs.param_absmax is not None else torch.zeros((), device=device)
+        overflow = self._overflow.update(self.scaler) if self._overflow is not None else None
+        flags = torch.stack([loss_bad, grads_bad, params_bad, optimizer_bad,
+                             overflow.to(device) if overflow is not None else no]).float()
+        return torch.cat([flags, absmax.float().to(device).reshape(1)])
+
+    # ------------------------------------------------------------------ skip policy
+    def _check_grads(self, optimizer, args, kwargs) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self._skip_bad = _any_nonfinite(grads, self._prof.device) if grads else None
+
+    def _undo_bad_update(self, optimizer, args, kwargs) -> None:
+        """Puts parameters and optimizer state back where the step's gradients were non-finite."""
+        if self._skip_bad is None or self._keeper is None or self._inputs is None:
+            return
+        kept = self._keeper.current_views()
+        live = {n: t for n, t in live_tensors(eager_model(self.model), self.optimizer).items()
+                if t.device == self._keeper.device}
+        with torch.no_grad():  # state this step created (Adam's first step) goes back to zeros
+            before = [kept[n] if n in kept else torch.zeros_like(t) for n, t in live.items()]
+            restored = [torch.where(self._skip_bad, old, t) for old, t in zip(before, live.values())]
+            torch._foreach_copy_(list(live.values()), restored)
+        self._skip_bad = None
+
+    # ------------------------------------------------------------------ host side
+    def _observe(self, step: int, record: dict) -> list[dict]:
+        events = self._scaler_timeline.observe(step, record.get("step_skipped"), record.get("scaler_scale"))
+        events += self._loss_spikes.observe(step, record.get("loss"))
+        events += self._grad_spikes.observe(step, record.get("grad_norm"))
+        if record.get("_param_grad_norms") is not None:
+            if self._layers is None:
+                names = [n for n, p in eager_model(self.model).named_parameters() if p.requires_grad]
+                self._layers = LayerGradients(names, self.options["layer_factor"])
+            events += self._layers.observe(step, record["_param_grad_norms"])
+        return events
+
+    def _on_nonfinite(self, prof, step: int, flags: list[str]) -> None:
+        if self._reports >= self.options["max_reports"]:
+            self._later_bad_steps += 1
+            return
+        self._reports += 1
+        blame = self.investigate(step, trigger=flags[0])
+        details = {key: value for key, value in blame.details().items() if key != "step"}
+        prof.event(EVENT_KIND, blame.message(), severity="critical", step=step, **details)
+        if self.policy == "raise":
+            self.stop_training = NonFiniteError(blame)
+
+    def investigate(self, step: int, trigger: str) -> Blame:
+        """Re-runs `step` from its kept state in forensic mode; writes the replay bundle."""
+        inputs = self._kept.get(step)
+        state = self._keeper.state_before(step) if self._keeper is not None and inputs else None
+        blame = Blame(step=step, rank=self._prof.ranks.rank, trigger=trigger)
+        if state is None:
+            blame.notes.append("the state before this step was not kept (numerics keep_state off?)")
+            return blame
+        micro_batches, loss_fn, loss_kind = self._replay_plan(inputs)
+        model, optimizer, scaler = private_copy(self.model, self.optimizer, self.scaler)
+        load_state(model, optimizer, scaler, state, inputs)
+        contents = self._bundle_contents(model, optimizer, scaler, inputs, micro_batches, loss_kind)
+        blame = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=blame.rank)
+        blame.trigger = trigger
+        blame.cause = oversized_update(self._history, step)
+        if trigger == "scaler_overflow":
+            blame.notes.append(f"GradScaler skipped {PERSISTENT_OVERFLOW_STEPS}+ steps in a row up to here (or its "
+                               "scale fell below 1); skipped steps leave the weights as they were")
+        if not blame.reproduced:
+            blame.notes.append("the re-run stayed finite: a non-deterministic kernel, or state changed "
+                               "outside the model, optimizer and scaler")
+        path = bundle.bundle_path(self._prof.run_dir, step, blame.rank)
+        blame.bundle = str(path)
+        bundle.save(path, {**contents, "blame": blame.details()})
+        return blame
+
+    def _replay_plan(self, inputs: StepInputs):
+        if inputs.batch is not None:
+            batches = inputs.batch if isinstance(inputs.batch, list) else [inputs.batch]
+            return batches, self.loss_fn or default_loss, "custom" if self.loss_fn else "default"
+        return list(inputs.forward_calls), default_loss, "default"
+
+    def _bundle_contents(self, model, optimizer, scaler, inputs, micro_batches, loss_kind) -> dict[str, Any]:
+        names = {id(p): n for n, p in model.named_parameters()}
+        return bundle.to_host({
+            "step": inputs.step, "rank": self._prof.ranks.rank, "device_type": self._prof.device.type,
+            "model_state": model.state_dict(),
+            "optimizer": None if optimizer is None else {
+                "class": type(optimizer).__name__, "state_dict": optimizer.state_dict(),
+                "params": [names[id(p)] for g in optimizer.param_groups for p in g["params"]]},
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": inputs.rng, "micro_batches": micro_batches, "loss": loss_kind,
+            "inputs": {"training": inputs.training, "autocast": inputs.autocast},
+            "builder": self.options["builder"],
+        })
+
+
+class _OverflowStreak:
+    """On the device: GradScaler skipping step after step once warmed up, or its scale below 1.
+
+    With a scaler, non-finite gradients are its business (a skipped step) until they persist;
+    a skip shows as the scale going down, so no found-inf tensor needs to be caught.
+    """
+
+    def __init__(self):
+        self._previous = self._streak = self._warmed_up = None
+
+    def update(self, scaler) -> torch.Tensor | None:
+        scale = getattr(scaler, "_scale", None)
+        if scale is None:
+            return None
+        if self._previous is None:  # the scale appears at the first scaler.scale(); it started at _init_scale
+            self._previous = torch.full_like(scale, scaler._init_scale)
+            self._streak = torch.zeros((), dtype=torch.int32, device=scale.device)
+            self._warmed_up = torch.zeros((), dtype=torch.bool, device=scale.device)
+        skipped = (scale < self._previous).reshape(())
+        torch.logical_or(self._warmed_up, ~skipped, out=self._warmed_up)
+        torch.where(skipped, self._streak + 1, torch.zeros_like(self._streak), out=self._streak)
+        self._previous.copy_(scale)
+        persistent = self._warmed_up & (self._streak >= PERSISTENT_OVERFLOW_STEPS)
+        return persistent | (scale < 1).reshape(())
+
+
+def _first_lr(hyper: list[dict]) -> float | None:
+    lr = hyper[0].get("lr") if hyper else None
+    return float(lr) if isinstance(lr, (int, float)) else None
+
+
+def _autocast_now() -> dict[str, str] | None:
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            return {"device_type": device_type, "dtype": str(dtype).removeprefix("torch.")}
+    return None
+
+
+def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if not tensors:
+        return torch.zeros((), device=device)
+    return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
+
+
+def _any_nonfinite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    floating = [t for t in tensors if t.is_floating_point() and t.device == device]
+    if not floating:
+        return torch.zeros((), dtype=torch.bool, device=device)
+    return ~torch.isfinite(torch.stack(torch._foreach_norm(floating, float("inf")))).all()

@@ -1,0 +1,97 @@
+"""Re-run the step in a replay bundle on this machine: `replay(path)` -> the same Blame.
+
+The model is rebuilt either by a builder that gpuprof itself knows (the name in the bundle
+selects one of `BUILDERS`; nothing in a bundle is imported or called) or from the `model`
+and `loss_fn` the caller passes, for models gpuprof cannot build.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import torch
+
+from gpuprof.numerics import bundle
+from gpuprof.numerics.blame import Blame
+from gpuprof.numerics.bundle import BundleError
+from gpuprof.numerics.forensics import LossFn, default_loss, reenact
+from gpuprof.numerics.state import StepInputs
+
+BUILDERS = {"gpt2": ("gpuprof.workloads.gpt2.faults", "replay_model")}
+SAME_BLAME_FIELDS = ("step", "phase", "module", "op", "first")
+
+
+def replay(path: str | os.PathLike, *, model: torch.nn.Module | None = None, loss_fn: LossFn | None = None,
+           device: str | None = None) -> tuple[Blame, Blame]:
+    """(the blame of this re-run, the blame recorded when the bundle was written)."""
+    contents = bundle.load(path)
+    device = torch.device(device or ("cuda" if contents.get("device_type") == "cuda"
+                                     and torch.cuda.is_available() else "cpu"))
+    model, loss_fn = _model_and_loss(contents, model, loss_fn)
+    try:
+        model.load_state_dict(contents["model_state"])
+    except RuntimeError as error:
+        raise BundleError(f"the bundle's weights do not fit the model: {str(error).splitlines()[0]}") from None
+    model.to(device)
+    optimizer = _optimizer(contents["optimizer"], model)
+    scaler = _scaler(contents["scaler"], device)
+    inputs = StepInputs(step=contents["step"], rng=contents["rng"], hyper=[], other_device={}, non_tensor={},
+                        training=contents["inputs"]["training"], autocast=contents["inputs"]["autocast"])
+    micro_batches = _to_device(contents["micro_batches"], device)
+    blame = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=contents["rank"])
+    recorded = Blame.from_details(contents["blame"])
+    blame.trigger, blame.cause, blame.bundle = recorded.trigger, recorded.cause, os.fspath(path)
+    return blame, recorded
+
+
+def same_blame(a: Blame, b: Blame) -> bool:
+    return all(getattr(a, name) == getattr(b, name) for name in SAME_BLAME_FIELDS)
+
+
+def _model_and_loss(contents: dict[str, Any], model, loss_fn):
+    if model is not None:
+        return model, loss_fn or default_loss
+    builder = contents.get("builder") or {}
+    if builder.get("name") not in BUILDERS:
+        raise BundleError("this bundle's model cannot be rebuilt from the command line; replay it from Python "
+                          "with gpuprof.numerics.replay.replay(path, model=..., loss_fn=...)")
+    module, function = BUILDERS[builder["name"]]
+    model, built_loss = getattr(importlib.import_module(module), function)(builder.get("config") or {})
+    if contents["loss"] == "custom" and loss_fn is None:
+        loss_fn = built_loss
+    return model, loss_fn or default_loss
+
+
+def _optimizer(saved: dict[str, Any] | None, model: torch.nn.Module):
+    if saved is None:
+        return None
+    cls = getattr(torch.optim, str(saved["class"]), None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise BundleError(f"the bundle's optimizer {saved['class']!r} is not a torch.optim optimizer")
+    by_name = dict(model.named_parameters())
+    names, state_dict = saved["params"], saved["state_dict"]
+    groups = [{"params": [by_name[names[i]] for i in group["params"]], "lr": group["lr"]}
+              for group in state_dict["param_groups"]]
+    optimizer = cls(groups)
+    optimizer.load_state_dict(state_dict)
+    return optimizer
+
+
+def _scaler(saved: dict[str, Any] | None, device: torch.device):
+    if not saved:
+        return None
+    scaler = torch.amp.GradScaler(device.type)
+    scaler.load_state_dict(saved)
+    return scaler
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(item, device) for item in value)
+    return value

@@ -1,0 +1,193 @@
+"""Forensic mode: check every aten op's outputs and say who ran the first non-finite one.
+
+Three pieces, active only during a forensic re-run:
+- `ModuleTracker`: forward pre/post hooks on every submodule keep the stack of running modules.
+- `NodeOwners` (a TorchFunctionMode, above autograd): after each torch call in the forward
+  pass, the autograd nodes it created are tagged with the running module and source line.
+  In the backward pass the engine tells which node is executing, so a backward op is
+  attributed to the module whose forward created that node. (Module backward hooks would
+  say the same for well-behaved modules, but break on modules with in-place inputs or
+  non-tensor outputs; the node map does not.)
+- `OpWatch` (a TorchDispatchMode, below autograd): sees every aten op, forward, backward and
+  optimizer, checks its outputs (and the tensors it mutated) and records the first one with
+  an Inf or NaN. Values made non-finite on purpose (a `-inf` attention mask passed as a
+  scalar) and ops that only carry such values along are not blamed.
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+import sys
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+
+
+def caller_line() -> str | None:
+    """The innermost frame outside torch and gpuprof.numerics, as `file:line in function: code`."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
+            code = linecache.getline(filename, frame.f_lineno).strip()
+            return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}: {code}"
+        frame = frame.f_back
+    return None
+
+
+class ModuleTracker:
+    """The stack of running (non-root) modules, by fully qualified name."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.stack: list[str] = []
+        self.entries = 0
+        self._handles = []
+        for name, module in model.named_modules():
+            if name:
+                self._handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
+                self._handles.append(
+                    module.register_forward_hook(functools.partial(self._exit, name), always_call=True))
+
+    @property
+    def current(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+    def _enter(self, name: str, _module, _args) -> None:
+        self.stack.append(name)
+        self.entries += 1
+
+    def _exit(self, name: str, _module, _args, _output) -> None:
+        if self.stack and self.stack[-1] == name:
+            self.stack.pop()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class NodeOwners(TorchFunctionMode):
+    """Maps every autograd node created in the forward pass to (module, source line)."""
+
+    def __init__(self, tracker: ModuleTracker):
+        super().__init__()
+        self.tracker = tracker
+        self.owner: dict[Any, tuple[str | None, str | None]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if torch.is_grad_enabled():
+            owner = None
+            for value in tree_flatten(out)[0]:
+                if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                    owner = owner or (self.tracker.current, caller_line())
+                    self._claim(value.grad_fn, owner)
+        return out
+
+    def _claim(self, node, owner) -> None:
+        pending = [node]
+        while pending:
+            node = pending.pop()
+            if node is None or node in self.owner:
+                continue
+            self.owner[node] = owner
+            pending.extend(parent for parent, _ in node.next_functions)
+
+
+def _floating(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def _nonfinite_scalar(values: list) -> bool:
+    return any(isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))) for v in values)
+
+
+class OpWatch(TorchDispatchMode):
+    """Records the first aten op whose output (or mutated input) holds an Inf or NaN."""
+
+    def __init__(self, tracker: ModuleTracker, owners: NodeOwners, name_of=lambda tensor: None):
+        super().__init__()
+        self.tracker, self.owners = tracker, owners
+        self.name_of = name_of  # tensor -> its state name (`w::exp_avg`), for optimizer-phase blame
+        self.phase = "forward"
+        self.micro_batch = 0
+        self.found: dict[str, Any] | None = None
+        self.entries_at_found = 0
+        self._intentional: dict[int, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.found is None:
+            self._check(func, args, kwargs, out)
+        return out
+
+    def _check(self, func, args, kwargs, out) -> None:
+        inputs = tree_flatten((args, kwargs))[0]
+        written = _mutated(func, args, kwargs)
+        candidates = [t for t in [*tree_flatten(out)[0], *written] if _floating(t) and t.numel()]
+        bad = [t for t in candidates if not bool(torch.isfinite(t).all())]
+        if not bad:
+            return
+        if self._on_purpose(inputs, bad):
+            self._intentional.update({id(t): t for t in bad})
+            return
+        self._record(func, inputs, bad[0])
+
+    def _on_purpose(self, inputs: list, bad: list[torch.Tensor]) -> bool:
+        """A -inf mask made from a scalar, or an op passing such values along without new NaNs."""
+        if _nonfinite_scalar(inputs):
+            return True
+        carried = [t for t in inputs if isinstance(t, torch.Tensor) and self._intentional.get(id(t)) is t]
+        if not carried:
+            return False
+        carried_nan = any(bool(torch.isnan(t).any()) for t in carried if _floating(t))
+        return carried_nan or not any(bool(torch.isnan(t).any()) for t in bad)
+
+    def _record(self, func, inputs: list, tensor: torch.Tensor) -> None:
+        module, source = self._attribution()
+        float_inputs = [t for t in inputs if _floating(t) and t.numel()]
+        name = self.name_of(tensor)
+        self.found = {
+            "phase": self.phase, "module": module, "op": func._schema.name,
+            "first": "inf" if bool(torch.isinf(tensor).any()) else "nan",
+            "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
+            "nonfinite_count": int((~torch.isfinite(tensor)).sum()),
+            "input_absmax": max((float(t.detach().abs().max()) for t in float_inputs), default=None),
+            "source": source, "micro_batch": self.micro_batch, "tensor": name,
+        }
+        if self.phase == "optimizer" and name is not None:
+            from gpuprof.numerics.state import owning_module
+
+            self.found["module"] = owning_module(name)
+        self.entries_at_found = self.tracker.entries
+
+    def _attribution(self) -> tuple[str | None, str | None]:
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            return self.owners.owner.get(node, (None, None))
+        return self.tracker.current, caller_line()
+
+    def end_forward(self) -> None:
+        """Ops outside every module after the model's last module ran are the loss computation."""
+        found = self.found
+        if found and found["phase"] == "forward" and found["module"] is None \
+                and self.tracker.entries == self.entries_at_found:
+            found["phase"] = "loss"
+
+
+def _mutated(func, args, kwargs) -> list[torch.Tensor]:
+    """Tensors an in-place or out= op wrote (for foreach ops, every tensor of the list)."""
+    written = []
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = kwargs.get(argument.name) if argument.kwarg_only or index >= len(args) else args[index]
+        written.extend(v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor))
+    return written
