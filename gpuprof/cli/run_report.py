@@ -1,0 +1,93 @@
+"""Plain-text rendering of run summaries, findings and comparisons for `analyze` and `compare`.
+
+Only formatting lives here: every figure comes from gpuprof.analysis.run and gpuprof.diagnoses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+JSON_SCHEMA_VERSION = 1
+PHASE_ORDER = ("data", "forward", "backward", "optimizer", "other")
+
+
+def fmt(value, unit: str = "") -> str:
+    """A figure for people: 3 significant digits, binary units for bytes, ms below a second, 'n/a' when unknown."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if unit == "s" and abs(value) < 1:
+        return f"{1000 * value:.3g} ms"
+    if unit == "bytes":
+        for prefix in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if abs(value) < 1024 or prefix == "TiB":
+                return f"{value:.3g} {prefix}"
+            value /= 1024
+    if unit == "%":
+        return f"{value:.1f}%"
+    if isinstance(value, float):
+        text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+        return f"{text} {unit}".rstrip()
+    return f"{value} {unit}".rstrip()
+
+
+def summary_lines(summary) -> list[str]:
+    health = summary.health
+    phases = "  ".join(f"{phase} {fmt(summary.phase_split_pct.get(phase), '%')}" for phase in PHASE_ORDER)
+    gpu_note = "" if summary.device_kind == "cuda" else " (CPU run)"
+    return [
+        f"Run {summary.name}  ({summary.status}, {summary.world_size} rank(s), {summary.device_name or summary.device_kind})",
+        f"  path        {summary.path}",
+        f"  steps       {summary.n_steps} recorded; warm-up excluded from step times: {summary.warmup.n_steps}"
+        f" ({summary.warmup.reason})",
+        f"  step time   p50 {fmt(summary.step_time_p50_s, 's')}   p90 {fmt(summary.step_time_p90_s, 's')}"
+        f"   p99 {fmt(summary.step_time_p99_s, 's')}   cv {fmt(summary.step_time_cv)}",
+        f"  throughput  {fmt(summary.tokens_per_s, 'tokens/s')}   MFU {fmt(None if summary.mfu is None else 100 * summary.mfu, '%')}",
+        f"  memory      peak allocated {fmt(summary.peak_mem_allocated_bytes, 'bytes')}"
+        f"   device total {fmt(summary.device_mem_total_bytes, 'bytes')}"
+        f"   GPU utilization {fmt(summary.gpu_util_mean_pct, '%')}{gpu_note}",
+        f"  phases      {phases}",
+        f"  health      loss {fmt(health['loss_first'])} -> {fmt(health['loss_last'])}"
+        f"   non-finite loss/grad steps {health['nonfinite_loss_steps']}/{health['nonfinite_grad_steps']}"
+        f"   skipped steps {health['skipped_steps']}   grad norm p50 {fmt(health['grad_norm_p50'])}"
+        f" max {fmt(health['grad_norm_max'])}",
+    ]
+
+
+def per_rank_lines(summary) -> list[str]:
+    if summary.per_rank.empty or len(summary.per_rank) < 2:
+        return []
+    lines = ["  per rank    rank  step p50   data p50   forward p50  backward p50  tokens/s"]
+    for row in summary.per_rank.to_dict(orient="records"):
+        lines.append(
+            f"              {row['rank']:>4}  {fmt(row['step_time_p50_s'], 's'):>9}  {fmt(row['data_time_p50_s'], 's'):>9}"
+            f"  {fmt(row['forward_time_p50_s'], 's'):>11}  {fmt(row['backward_time_p50_s'], 's'):>12}  {fmt(row['tokens_per_s']):>8}"
+        )
+    return lines
+
+
+def finding_lines(findings, *, marker: str = "") -> list[str]:
+    lines = []
+    for number, finding in enumerate(findings, start=1):
+        gain = f"   [est. gain {finding.est_gain_pct:.2g}% of step time]" if finding.est_gain_pct is not None else ""
+        evidence = ", ".join(f"{key}={evidence_text(value)}" for key, value in finding.to_dict()["evidence"].items())
+        lines += [
+            f"  {marker}{number}. {finding.severity.upper():8} {finding.rule}: {finding.title}{gain}",
+            f"       evidence: {evidence}",
+            f"       fix: {finding.fix}",
+        ]
+    return lines
+
+
+def evidence_text(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def add_json_flag(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the stable JSON form (docs/json-output.md)")
+
+
+def print_json(command: str, payload: dict) -> None:
+    """The --json document of `command`, in the envelope docs/json-output.md specifies."""
+    document = {"schema": f"gpuprof.{command}", "schema_version": JSON_SCHEMA_VERSION, **payload}
+    print(json.dumps(document, indent=2, sort_keys=True, allow_nan=False))

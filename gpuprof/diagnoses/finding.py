@@ -1,0 +1,43 @@
+"""What a rule returns: one diagnosis with the numbers behind it and what to change."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from gpuprof.analysis.run.jsonable import json_safe
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis of a run.
+
+    `evidence` holds the measured values that made the rule fire (units in the keys);
+    `est_gain_pct` is the share of step time the fix is expected to save, or None when
+    the rule cannot estimate it.
+    """
+
+    rule: str
+    severity: str
+    title: str
+    evidence: dict = field(default_factory=dict)
+    fix: str = ""
+    est_gain_pct: float | None = None
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+    @property
+    def sort_key(self) -> tuple:
+        """Most severe first, then largest expected gain, then rule id for a stable order."""
+        gain = self.est_gain_pct if self.est_gain_pct is not None else -1.0
+        return (SEVERITIES.index(self.severity), -gain, self.rule)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["evidence"] = {key: json_safe(value) for key, value in self.evidence.items()}
+        data["est_gain_pct"] = json_safe(self.est_gain_pct)
+        return data
+

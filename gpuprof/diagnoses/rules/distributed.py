@@ -1,0 +1,96 @@
+"""Multi-rank problems: stragglers, DataParallel, and a non-NCCL backend on GPUs."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gpuprof.analysis.run.summary import column
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+
+# Under DDP the gradient all-reduce runs inside backward, so every other phase is a rank's
+# own work: a rank that is slow there makes all the others wait in their backward.
+OWN_WORK_PHASES = ("data", "forward", "optimizer", "other")
+STRAGGLER_LAG_WARNING_PCT = 10.0
+STRAGGLER_LAG_MIN_S = 0.002
+SINGLE_PROCESS_WRAPPERS = {"DataParallel"}
+
+
+def own_work_s(steps: pd.DataFrame) -> pd.Series:
+    """Per-row time outside the phase that holds DDP's collectives (NaN when no phase was timed)."""
+    phases = pd.concat([column(steps, f"{phase}_time_s") for phase in OWN_WORK_PHASES], axis=1)
+    return phases.sum(axis=1, min_count=1)
+
+
+@rule("rank-straggler")
+def rank_straggler(ctx):
+    measured = ctx.measured
+    if ctx.world_size < 2 or measured.empty or measured["rank"].nunique() < 2:
+        return None
+    per_rank_s = own_work_s(measured).groupby(measured["rank"]).median().dropna()
+    if len(per_rank_s) < 2:
+        return None
+    slow_rank = int(per_rank_s.idxmax())
+    others_s = float(per_rank_s.drop(slow_rank).median())
+    lag_s = float(per_rank_s.max()) - others_s
+    step_s = ctx.summary.step_time_p50_s
+    lag_pct = 100 * lag_s / step_s if step_s else 0.0
+    if lag_s < STRAGGLER_LAG_MIN_S or lag_pct < STRAGGLER_LAG_WARNING_PCT:
+        return None
+    return Finding(
+        rule="rank-straggler",
+        severity="warning",
+        title=f"Rank {slow_rank} is a straggler: {1000 * lag_s:.0f} ms more work per step than the others wait for",
+        evidence={
+            "slow_rank": slow_rank,
+            "lag_s": lag_s,
+            "lag_pct_of_step": lag_pct,
+            "own_work_p50_s_by_rank": {int(rank): float(value) for rank, value in per_rank_s.items()},
+            "own_work_phases": list(OWN_WORK_PHASES),
+            "threshold_pct": STRAGGLER_LAG_WARNING_PCT,
+        },
+        fix=(
+            f"Find what rank {slow_rank} does more of: its data shard or loader, a busier host or CPU "
+            "affinity, extra logging/checkpointing on that rank, a slower or throttled GPU. Balance the "
+            "work; every rank waits for the slowest at each all-reduce."
+        ),
+        est_gain_pct=lag_pct,
+    )
+
+
+@rule("dataparallel")
+def dataparallel(ctx):
+    model = ctx.meta.get("model") or {}
+    model_class = model.get("wrapper") or model.get("class")
+    if model_class not in SINGLE_PROCESS_WRAPPERS:
+        return None
+    return Finding(
+        rule="dataparallel",
+        severity=ctx.gpu_warning,
+        title="The model is wrapped in torch.nn.DataParallel (single process, one Python thread per GPU)",
+        evidence={"model_class": model_class, "device_kind": ctx.summary.device_kind},
+        fix=(
+            "Use DistributedDataParallel with one process per GPU: torchrun --nproc-per-node N train.py, "
+            "dist.init_process_group('nccl'), DDP(model, device_ids=[local_rank]). DataParallel "
+            "re-scatters the model every step and is bound by the GIL."
+        ),
+    )
+
+
+def backend(ctx) -> str | None:
+    recorded = (ctx.meta.get("distributed") or {}).get("backend")
+    return recorded or ctx.config_value("backend", "dist_backend")
+
+
+@rule("non-nccl-backend", gpu_only=True)
+def non_nccl_backend(ctx):
+    name = backend(ctx)
+    if ctx.world_size < 2 or name is None or str(name).lower() == "nccl":
+        return None
+    return Finding(
+        rule="non-nccl-backend",
+        severity="warning",
+        title=f"GPU ranks communicate through the {name!r} backend instead of NCCL",
+        evidence={"backend": name, "world_size": ctx.world_size},
+        fix="dist.init_process_group(backend='nccl') for CUDA tensors (gloo copies through host memory).",
+    )

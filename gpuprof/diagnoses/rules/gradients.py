@@ -1,0 +1,113 @@
+"""Training dynamics: exploding or vanishing gradients and loss spikes.
+
+Spikes and per-block outliers are defined once, in gpuprof.numerics.timeline: the rules
+take the events the numerics monitor recorded, or replay its detectors over the recorded
+steps and layers when it did not run throughout (see numerics.detector_events).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gpuprof.analysis.run.summary import column
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+from gpuprof.diagnoses.rules.numerics import detector_events, rank0
+from gpuprof.numerics.timeline import LayerGradients, SpikeDetector
+
+
+def replay_spikes(steps: pd.DataFrame, name: str, kind: str) -> list[dict]:
+    detector = SpikeDetector(kind, name)
+    events = []
+    for step, value in zip(steps["step"], column(steps, name)):
+        events += detector.observe(int(step), None if pd.isna(value) else float(value))
+    return events
+
+
+def replay_blocks(layers: pd.DataFrame) -> list[dict]:
+    """LayerGradients' exploding/vanishing events, replayed over the per-parameter gradient norms."""
+    params = layers[layers["level"] == "param"] if "level" in layers.columns else layers
+    params = params[params["rank"] == params["rank"].min()] if not params.empty else params
+    if params.empty:
+        return []
+    names = list(dict.fromkeys(params["layer"]))
+    detector = LayerGradients(names)
+    events = []
+    for step, group in params.groupby("step", sort=True):
+        norms = group.set_index("layer")["grad_norm"].reindex(names)
+        if norms.notna().all():
+            events += detector.observe(int(step), [float(value) for value in norms])
+    return events
+
+
+def spikes(ctx, name: str, kind: str) -> list[dict]:
+    steps = rank0(ctx.run.steps)
+    return detector_events(ctx, (kind,), lambda: replay_spikes(steps, name, kind) if not steps.empty else [])
+
+
+def block_outliers(ctx, kind: str) -> list[dict]:
+    return detector_events(ctx, (kind,), lambda: replay_blocks(ctx.run.layers))
+
+
+def event_summary(events: list[dict]) -> list[dict]:
+    return [{"step": event["step"], **event["details"]} for event in events[:10]]
+
+
+@rule("exploding-gradients")
+def exploding_gradients(ctx):
+    norm_spikes = spikes(ctx, "grad_norm", "grad_norm_spike")
+    blocks = block_outliers(ctx, "exploding_gradient")
+    if not norm_spikes and not blocks:
+        return None
+    first = (norm_spikes or blocks)[0]
+    return Finding(
+        rule="exploding-gradients",
+        severity="warning",
+        title=f"Gradients exploded at step {first['step']}"
+        + (f" in {first['details']['layer']}" if "layer" in first["details"] else ""),
+        evidence={
+            "grad_norm_spikes": event_summary(norm_spikes),
+            "exploding_blocks": event_summary(blocks),
+            "grad_clip": ctx.config_value("grad_clip", "max_grad_norm"),
+        },
+        fix=(
+            "Clip gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); gpuprof train: "
+            "--grad-clip 1.0), lower the peak LR or lengthen its warm-up, and check the batch at that step."
+        ),
+    )
+
+
+@rule("vanishing-gradients")
+def vanishing_gradients(ctx):
+    blocks = block_outliers(ctx, "vanishing_gradient")
+    if not blocks:
+        return None
+    return Finding(
+        rule="vanishing-gradients",
+        severity="warning",
+        title=f"{len(blocks)} block(s) get gradients far smaller than the median block",
+        evidence={"vanishing_blocks": event_summary(blocks)},
+        fix=(
+            "Check those blocks' initialisation and activations (saturating sigmoid/tanh, a missing "
+            "residual or LayerNorm, a detach() cutting the graph); for deep stacks use pre-LayerNorm "
+            "residual blocks and scaled init."
+        ),
+    )
+
+
+@rule("loss-spike")
+def loss_spike(ctx):
+    found = spikes(ctx, "loss", "loss_spike")
+    if not found:
+        return None
+    first = found[0]
+    return Finding(
+        rule="loss-spike",
+        severity="warning",
+        title=f"Loss spiked to {first['details']['value']:.4g} at step {first['step']}",
+        evidence={"spikes": event_summary(found)},
+        fix=(
+            "Lower the LR or lengthen warm-up, clip gradients, and look at the data in the spiking "
+            "steps (corrupt or out-of-distribution batches); with Adam, a larger eps or lower beta2 helps."
+        ),
+    )

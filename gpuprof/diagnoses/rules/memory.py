@@ -1,0 +1,120 @@
+"""Device memory: near the limit, largely unused, or fragmented."""
+
+from __future__ import annotations
+
+from gpuprof.analysis.run.summary import column, max_or_none
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+
+NEAR_LIMIT_WARNING_FRACTION = 0.90
+NEAR_LIMIT_CRITICAL_FRACTION = 0.97
+UNUSED_BELOW_FRACTION = 0.35
+# Reserved-but-unallocated memory counts as fragmentation above both of these.
+FRAGMENTED_GAP_FRACTION = 0.30
+FRAGMENTED_GAP_MIN_BYTES = 1 << 30
+
+
+def peak_used_bytes(ctx) -> float | None:
+    """Peak device memory in use: what the allocator reserved, or NVML's view when larger."""
+    candidates = [
+        ctx.summary.peak_mem_reserved_bytes,
+        max_or_none(column(ctx.run.steps, "mem_nvml_used_bytes")),
+    ]
+    known = [value for value in candidates if value is not None]
+    return max(known) if known else None
+
+
+def memory_fraction(ctx) -> tuple[float, float, float] | None:
+    total_bytes = ctx.summary.device_mem_total_bytes
+    used_bytes = peak_used_bytes(ctx)
+    if not total_bytes or used_bytes is None:
+        return None
+    return used_bytes / total_bytes, used_bytes, total_bytes
+
+
+def oom_count(ctx) -> int:
+    ooms = max_or_none(column(ctx.run.steps, "mem_ooms")) or 0
+    return int(max(ooms, len(ctx.events_of("oom"))))
+
+
+@rule("memory-near-limit", gpu_only=True)
+def memory_near_limit(ctx):
+    usage = memory_fraction(ctx)
+    ooms = oom_count(ctx)
+    if usage is None or (usage[0] < NEAR_LIMIT_WARNING_FRACTION and not ooms):
+        return None
+    fraction, used_bytes, total_bytes = usage
+    critical = ooms or fraction >= NEAR_LIMIT_CRITICAL_FRACTION
+    return Finding(
+        rule="memory-near-limit",
+        severity="critical" if critical else "warning",
+        title=f"Peak device memory is {100 * fraction:.0f}% of the GPU's"
+        + (f", with {ooms} out-of-memory error(s)" if ooms else ""),
+        evidence={
+            "peak_used_bytes": used_bytes,
+            "device_total_bytes": total_bytes,
+            "peak_used_pct": 100 * fraction,
+            "ooms": ooms,
+            "threshold_pct": 100 * NEAR_LIMIT_WARNING_FRACTION,
+        },
+        fix=(
+            "Trade a little speed for memory: activation checkpointing (--activation-checkpointing), "
+            "a smaller micro-batch with gradient accumulation (--grad-accum), bf16 activations."
+        ),
+    )
+
+
+@rule("memory-underused", gpu_only=True)
+def memory_underused(ctx):
+    usage = memory_fraction(ctx)
+    if usage is None or usage[0] >= UNUSED_BELOW_FRACTION or oom_count(ctx):
+        return None
+    fraction, used_bytes, total_bytes = usage
+    return Finding(
+        rule="memory-underused",
+        severity="info",
+        title=f"Only {100 * fraction:.0f}% of device memory is used: room for a larger batch",
+        evidence={
+            "peak_used_bytes": used_bytes,
+            "device_total_bytes": total_bytes,
+            "peak_used_pct": 100 * fraction,
+            "headroom_factor": 1 / fraction,
+            "threshold_pct": 100 * UNUSED_BELOW_FRACTION,
+        },
+        fix=(
+            f"Raise the micro-batch size (up to about {0.8 / fraction:.1f}x fits) and fold the gradient "
+            "accumulation into it; larger batches keep the GPU busier per launch."
+        ),
+    )
+
+
+@rule("allocator-fragmentation", gpu_only=True)
+def allocator_fragmentation(ctx):
+    steps = ctx.run.steps
+    # The caching allocator's retry counter is cumulative over the process.
+    retries = int(max_or_none(column(steps, "mem_alloc_retries")) or 0)
+    reserved = column(steps, "mem_reserved_bytes")
+    gap = reserved - column(steps, "mem_allocated_bytes")
+    gap_bytes = max_or_none(gap)
+    gap_fraction = float((gap / reserved).max()) if gap_bytes is not None else 0.0
+    fragmented = gap_bytes is not None and gap_bytes >= FRAGMENTED_GAP_MIN_BYTES and gap_fraction >= FRAGMENTED_GAP_FRACTION
+    if not retries and not fragmented:
+        return None
+    return Finding(
+        rule="allocator-fragmentation",
+        severity="warning" if retries else "info",
+        title=(
+            f"The CUDA caching allocator had to free its cache and retry {retries} time(s)"
+            if retries
+            else f"{100 * gap_fraction:.0f}% of reserved memory is cached but unallocated (fragmentation)"
+        ),
+        evidence={
+            "alloc_retries": retries,
+            "reserved_unallocated_max_bytes": gap_bytes,
+            "reserved_unallocated_max_pct": 100 * gap_fraction,
+        },
+        fix=(
+            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; keep tensor shapes stable "
+            "(pad sequences to fixed buckets); free large temporaries before the backward pass."
+        ),
+    )

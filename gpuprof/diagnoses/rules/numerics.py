@@ -1,0 +1,152 @@
+"""Non-finite values, GradScaler trouble and an LR scheduler stepping on skipped steps.
+
+Detection is gpuprof.numerics': the events its monitor recorded live when it ran for the
+whole run, else its detectors replayed over the recorded steps (a run recorded with
+`numerics=False`, or whose monitor was switched off). The rules add evidence and a fix.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gpuprof.analysis.run.summary import column, flag
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+from gpuprof.numerics.blame import EVENT_KIND
+from gpuprof.numerics.timeline import ScalerTimeline
+
+# The event that names where a value first went non-finite (the dashboard reads it too).
+NONFINITE_EVENT_KINDS = (EVENT_KIND,)
+LR_ON_SKIPPED_EVENT = "lr_step_on_skipped_step"
+NUMERICS_COLLECTOR = "numerics"
+SCALER_TROUBLE_KINDS = ("scaler_persistent_overflow", "scaler_scale_below_one")
+
+
+def rank0(steps: pd.DataFrame) -> pd.DataFrame:
+    """The lowest rank's steps in order: numerics figures are the same on every DDP rank."""
+    if steps.empty:
+        return steps
+    return steps[steps["rank"] == steps["rank"].min()].sort_values("step")
+
+
+def as_event_dicts(events: pd.DataFrame) -> list[dict]:
+    """Recorded events in the shape gpuprof.numerics' detectors return: kind, step, message, details."""
+    return [
+        {"kind": row.kind, "step": None if pd.isna(row.step) else int(row.step), "message": row.message,
+         "details": row.details if isinstance(row.details, dict) else {}}
+        for row in events.sort_values("time_unix_s").itertuples()
+    ]
+
+
+def numerics_ran_live(ctx) -> bool:
+    """The numerics monitor was on and never switched off, so its events are complete."""
+    if (ctx.meta.get("options") or {}).get("numerics", False) is False:
+        return False
+    disabled = as_event_dicts(ctx.events_of("collector_disabled"))
+    return not any(event["details"].get("collector") == NUMERICS_COLLECTOR for event in disabled)
+
+
+def detector_events(ctx, kinds: tuple[str, ...], replay) -> list[dict]:
+    """The run's live events of `kinds`, or `replay()` when the monitor did not run throughout."""
+    if numerics_ran_live(ctx):
+        return as_event_dicts(ctx.events_of(*kinds))
+    return [event for event in replay() if event["kind"] in kinds]
+
+
+@rule("nonfinite-values")
+def nonfinite_values(ctx):
+    steps = ctx.run.steps
+    if steps.empty:
+        return None
+    bad_loss = ~flag(steps, "loss_finite", True)
+    # A non-finite gradient GradScaler caught and skipped is its normal calibration, not damage.
+    bad_grad = ~flag(steps, "grad_norm_finite", True) & ~flag(steps, "step_skipped", False)
+    blames = as_event_dicts(ctx.events_of(*NONFINITE_EVENT_KINDS))
+    bad = steps[bad_loss | bad_grad]
+    if bad.empty and not blames:
+        return None
+    blame = blames[0] if blames else None
+    first_step = int(bad["step"].min()) if not bad.empty else blame["step"]
+    bundle = blame["details"].get("bundle") if blame else None
+    return Finding(
+        rule="nonfinite-values",
+        severity="critical",
+        title=f"Non-finite loss or gradients from step {first_step}" + (f": {blame['message']}" if blame else ""),
+        evidence={
+            "first_nonfinite_step": first_step,
+            "nonfinite_loss_steps": steps.loc[bad_loss, "step"].nunique(),
+            "nonfinite_grad_unskipped_steps": steps.loc[bad_grad, "step"].nunique(),
+            "origin": {"step": blame["step"], **blame["details"]} if blame else None,
+        },
+        fix=(
+            (f"Re-run the first bad step with `gpuprof replay {bundle}`; start " if bundle else "Start ")
+            + "at the origin (module, op and source line above). Usual causes: an LR too high (lower "
+            "it, add warm-up, clip_grad_norm_(1.0)), fp16 overflow (use bf16 or a GradScaler), "
+            "log/sqrt/divide of zero (add an epsilon), bad input data."
+        ),
+    )
+
+
+def replay_scaler(steps: pd.DataFrame) -> list[dict]:
+    timeline = ScalerTimeline()
+    skipped = flag(steps, "step_skipped", False)
+    events = []
+    for step, was_skipped, scale in zip(steps["step"], skipped, column(steps, "scaler_scale")):
+        if pd.notna(scale):
+            events += timeline.observe(int(step), bool(was_skipped), float(scale))
+    return events
+
+
+@rule("gradscaler-trouble")
+def gradscaler_trouble(ctx):
+    steps = rank0(ctx.run.steps)
+    if steps.empty or column(steps, "scaler_scale").isna().all():
+        return None
+    trouble = detector_events(ctx, SCALER_TROUBLE_KINDS, lambda: replay_scaler(steps))
+    if not trouble:
+        return None
+    skipped = flag(steps, "step_skipped", False)
+    # Skips before the first real step are GradScaler finding its scale (benign warm-up).
+    after_warmup = skipped.iloc[int(skipped.to_numpy().argmin()):] if not skipped.all() else skipped
+    scale = column(steps, "scaler_scale").dropna()
+    collapsed = any(event["kind"] == "scaler_scale_below_one" for event in trouble)
+    return Finding(
+        rule="gradscaler-trouble",
+        severity="critical" if collapsed else "warning",
+        title=f"GradScaler skipped {int(after_warmup.sum())} of {len(after_warmup)} optimizer steps after warm-up"
+        + (f"; its scale fell to {scale.min():g}" if collapsed else ""),
+        evidence={
+            "skipped_steps": int(skipped.sum()),
+            "skipped_after_warmup_steps": int(after_warmup.sum()),
+            "steps": len(skipped),
+            "events": [{"kind": e["kind"], "step": e["step"], **e["details"]} for e in trouble],
+            "scaler_scale_last": float(scale.iloc[-1]),
+            "scaler_scale_min": float(scale.min()),
+        },
+        fix=(
+            "Gradients overflow fp16 again and again: use bf16 autocast (no scaler needed) on Ampere "
+            "or newer; otherwise find the overflowing layer (see nonfinite-values), lower the LR, clip "
+            "gradients after scaler.unscale_(optimizer). A scale below 1 means the gradients are "
+            "non-finite even unscaled: a real NaN, not an fp16 range problem."
+        ),
+        # Every skipped step after warm-up is a wasted step.
+        est_gain_pct=100 * float(after_warmup.sum()) / len(skipped),
+    )
+
+
+@rule("lr-step-on-skipped")
+def lr_step_on_skipped(ctx):
+    events = ctx.events_of(LR_ON_SKIPPED_EVENT)
+    if events.empty:
+        return None
+    steps = sorted(int(step) for step in events["step"].dropna().unique())
+    return Finding(
+        rule="lr-step-on-skipped",
+        severity="warning",
+        title=f"The LR scheduler stepped on {len(steps)} step(s) where GradScaler skipped optimizer.step()",
+        evidence={"steps": steps[:20], "count": len(steps)},
+        fix=(
+            "Step the scheduler only when the optimizer stepped: scale = scaler.get_scale(); "
+            "scaler.update(); if scaler.get_scale() >= scale: scheduler.step()."
+        ),
+    )

@@ -1,0 +1,57 @@
+"""Matmuls in full fp32 on a GPU that has tensor cores.
+
+Seen in the run's compute dtype (what capture recorded from the autocast state, else the
+config), or in the device trace: the share of matmul time spent in tensor-core kernels.
+"""
+
+from __future__ import annotations
+
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+
+FP32_NAMES = {"fp32", "float32"}
+TENSOR_CORE_MATMUL_MIN_PCT = 50.0
+
+
+def compute_dtype(ctx) -> str | None:
+    recorded = ctx.meta.get("compute_dtype") or ctx.config_value("precision", "dtype")
+    return None if recorded is None else str(recorded).lower()
+
+
+def trace_tensor_core_pct(ctx) -> float | None:
+    trace = ctx.device_trace
+    share = trace.tensor_core_share() if trace is not None else None
+    if share is None or share.empty or not share["matmul_time_us"].sum():
+        return None
+    return float(100 * share["tensor_core_time_us"].sum() / share["matmul_time_us"].sum())
+
+
+@rule("fp32-matmul", gpu_only=True)
+def fp32_matmul(ctx):
+    if not ctx.has_tensor_cores:
+        return None
+    dtype, tensor_core_pct = compute_dtype(ctx), trace_tensor_core_pct(ctx)
+    fp32_config = dtype in FP32_NAMES and not ctx.config_value("tf32")
+    idle_tensor_cores = tensor_core_pct is not None and tensor_core_pct < TENSOR_CORE_MATMUL_MIN_PCT
+    if not (idle_tensor_cores or (fp32_config and tensor_core_pct is None)):
+        return None
+    device = ctx.meta["devices"][0]
+    return Finding(
+        rule="fp32-matmul",
+        severity="warning",
+        title="Matmuls run in full fp32, leaving the tensor cores idle"
+        + (f" ({tensor_core_pct:.0f}% of matmul time on tensor cores)" if tensor_core_pct is not None else ""),
+        evidence={
+            "compute_dtype": dtype,
+            "tf32": ctx.config_value("tf32"),
+            "tensor_core_matmul_pct": tensor_core_pct,
+            "device_name": device.get("name"),
+            "capability": device.get("capability"),
+            "threshold_pct": TENSOR_CORE_MATMUL_MIN_PCT,
+        },
+        fix=(
+            "Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (fp16 with a "
+            "GradScaler before Ampere), or at least torch.backends.cuda.matmul.allow_tf32 = True "
+            "(gpuprof train: --precision bf16 --tf32)."
+        ),
+    )

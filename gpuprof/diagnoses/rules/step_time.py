@@ -1,0 +1,71 @@
+"""Step-time statistics: erratic steps, and warm-up steps that would distort averages."""
+
+from __future__ import annotations
+
+from gpuprof.analysis.run.summary import step_times
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+
+STEP_TIME_CV_WARNING = 0.25
+# A steady rate needs this many measured steps before its spread means anything.
+MIN_MEASURED_STEPS = 5
+WARMUP_INFLATION_INFO_PCT = 10.0
+
+
+@rule("step-time-variance")
+def step_time_variance(ctx):
+    summary = ctx.summary
+    if summary.measured_steps < MIN_MEASURED_STEPS or summary.step_time_cv is None:
+        return None
+    if summary.step_time_cv < STEP_TIME_CV_WARNING:
+        return None
+    times = step_times(ctx.measured)
+    slow = times[times > summary.step_time_p90_s]
+    return Finding(
+        rule="step-time-variance",
+        severity="warning",
+        title=f"Step time is erratic: p99 {summary.step_time_p99_s:.3g}s vs p50 {summary.step_time_p50_s:.3g}s",
+        evidence={
+            "step_time_cv": summary.step_time_cv,
+            "step_time_p50_s": summary.step_time_p50_s,
+            "step_time_p99_s": summary.step_time_p99_s,
+            "slowest_steps": [int(step) for step in slow.index[:10]],
+            "threshold_cv": STEP_TIME_CV_WARNING,
+        },
+        fix=(
+            "Look at what the slow steps do differently: periodic evaluation, checkpointing or logging "
+            "inside the loop, data-loader stalls, Python GC (gc.freeze() after setup), recompilation on "
+            "new shapes (pad to fixed lengths)."
+        ),
+        # Running every step at the median speed would save the excess of the mean over it.
+        est_gain_pct=max(0.0, 100 * (1 - summary.step_time_p50_s / summary.step_time_mean_s)),
+    )
+
+
+@rule("warmup-pollution")
+def warmup_pollution(ctx):
+    summary = ctx.summary
+    if not summary.warmup.n_steps or not summary.step_time_mean_s:
+        return None
+    all_mean_s = float(step_times(ctx.run.steps).mean())
+    inflation_pct = 100 * (all_mean_s / summary.step_time_mean_s - 1)
+    if inflation_pct < WARMUP_INFLATION_INFO_PCT:
+        return None
+    return Finding(
+        rule="warmup-pollution",
+        severity="info",
+        title=f"The first {summary.warmup.n_steps} step(s) would inflate the mean step time by {inflation_pct:.0f}%",
+        evidence={
+            "warmup_steps": summary.warmup.n_steps,
+            "warmup_reason": summary.warmup.reason,
+            "step_time_mean_all_s": all_mean_s,
+            "step_time_mean_measured_s": summary.step_time_mean_s,
+            "inflation_pct": inflation_pct,
+            "threshold_pct": WARMUP_INFLATION_INFO_PCT,
+        },
+        fix=(
+            f"Leave the first {summary.warmup.n_steps} step(s) out of any benchmark (gpuprof's figures "
+            "already do); with torch.compile, run warm-up iterations before timing and mark dynamic "
+            "dimensions to avoid recompiles."
+        ),
+    )

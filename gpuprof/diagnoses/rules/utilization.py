@@ -1,0 +1,42 @@
+"""The GPU sits idle for much of the run: from NVML samples, else from the device trace."""
+
+from __future__ import annotations
+
+from gpuprof.analysis.run.summary import column
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+
+GPU_UTIL_WARNING_PCT = 70.0
+GPU_UTIL_CRITICAL_PCT = 40.0
+# Fewer samples than this (a very short run) say too little about utilization.
+MIN_SAMPLES = 5
+
+
+def busy_pct(ctx) -> tuple[float, dict] | None:
+    """Mean GPU busy share and where it comes from."""
+    util = column(ctx.device_samples, "gpu_util_pct").dropna()
+    if len(util) >= MIN_SAMPLES:
+        return float(util.mean()), {"source": "nvml", "samples": len(util), "gpu_util_p10_pct": float(util.quantile(0.1))}
+    trace = ctx.device_trace
+    temporal = trace.temporal_breakdown() if trace is not None else None
+    if temporal is None or temporal.empty:
+        return None
+    return float(100 - temporal["idle_time_pct"].mean()), {"source": "trace", "ranks": len(temporal)}
+
+
+@rule("low-gpu-utilization", gpu_only=True)
+def low_gpu_utilization(ctx):
+    measured = busy_pct(ctx)
+    if measured is None or measured[0] >= GPU_UTIL_WARNING_PCT:
+        return None
+    mean_pct, details = measured
+    return Finding(
+        rule="low-gpu-utilization",
+        severity="critical" if mean_pct < GPU_UTIL_CRITICAL_PCT else "warning",
+        title=f"The GPU is busy only {mean_pct:.0f}% of the time",
+        evidence={"gpu_busy_pct": mean_pct, **details, "threshold_pct": GPU_UTIL_WARNING_PCT},
+        fix=(
+            "Find what the GPU waits for: the data loader, host-device syncs or kernel launches "
+            "(see the other findings); then raise the micro-batch size so each step gives it more work."
+        ),
+    )

@@ -1,0 +1,55 @@
+"""The registry: ranking, isolation of a failing rule, and every rule documented and tested."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuprof.diagnoses import SEVERITIES, Finding, diagnose, rule
+from gpuprof.diagnoses.registry import RULES, all_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_findings_are_ranked_by_severity_then_gain(write_gpu_run):
+    def troubled(i):
+        return {"data_time_s": 0.1, "mem_alloc_retries": i, "mem_reserved_bytes": 78 * 2**30}
+
+    findings = diagnose(write_gpu_run(step=troubled, sample=lambda i: {"gpu_util_pct": 50.0}), strict=True)
+    assert len({finding.severity for finding in findings}) >= 2
+    keys = [(SEVERITIES.index(f.severity), -(f.est_gain_pct if f.est_gain_pct is not None else -1)) for f in findings]
+    assert keys == sorted(keys)
+
+
+def test_a_failing_rule_is_logged_and_skipped(write_gpu_run, caplog):
+    @rule("test-always-fails")
+    def always_fails(ctx):
+        raise RuntimeError("boom")
+
+    try:
+        run = write_gpu_run(meta={"compute_dtype": "fp32"})
+        with caplog.at_level(logging.WARNING):
+            findings = diagnose(run)
+        assert "fp32-matmul" in [finding.rule for finding in findings]
+        assert "test-always-fails" in caplog.text
+        with pytest.raises(RuntimeError):
+            diagnose(run, strict=True)
+    finally:
+        RULES.pop("test-always-fails")
+
+
+def test_finding_rejects_unknown_severity():
+    with pytest.raises(ValueError):
+        Finding(rule="x", severity="fatal", title="t")
+
+
+def test_every_rule_is_documented_and_tested():
+    docs = (ROOT / "docs" / "rules.md").read_text()
+    tests = "".join(path.read_text() for path in (ROOT / "tests" / "diagnoses").glob("test_*.py"))
+    for registered in all_rules():
+        assert re.match(r"^[a-z0-9]+(-[a-z0-9]+)*$", registered.id)
+        assert f"`{registered.id}`" in docs, f"{registered.id} missing from docs/rules.md"
+        assert f'"{registered.id}"' in tests.replace(f'@rule("{registered.id}")', ""), f"{registered.id} untested"

@@ -1,0 +1,61 @@
+"""Rules on real recorded runs of the GPT-2 reference workload, each with a run where it must stay silent."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.diagnoses import diagnose
+from gpuprof.diagnoses.context import RunContext
+from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.diagnoses.rules import dataloader, distributed
+all_rules()
+
+
+def fired(run, rule_id):
+    return RULES[rule_id].findings(RunContext.of(run))
+
+
+def test_dataloader_bound(recorded_runs):
+    (finding,) = fired(recorded_runs["data_delay"], "dataloader-bound")
+    assert finding.evidence["data_share_pct"] >= dataloader.DATA_SHARE_WARNING_PCT
+    # The loader sleeps DATA_DELAY_MS per batch; the recorded data phase must show it.
+    assert finding.evidence["data_time_p50_s"] >= 0.9 * recorded_runs.data_delay_ms / 1000
+    assert finding.est_gain_pct == pytest.approx(finding.evidence["data_share_pct"])
+    assert not fired(recorded_runs["baseline"], "dataloader-bound")
+
+
+def test_host_device_sync(recorded_runs):
+    (finding,) = fired(recorded_runs["host_sync"], "host-device-sync")
+    assert finding.severity == "info", "a CPU run pays nothing for a sync: information only"
+    assert not fired(recorded_runs["baseline"], "host-device-sync")
+
+
+def test_attention_not_fused(recorded_runs):
+    (finding,) = fired(recorded_runs["baseline"], "attention-not-fused")
+    assert finding.evidence["attention"] == "eager"
+    assert not fired(recorded_runs["host_sync"], "attention-not-fused")  # recorded with --attention sdpa
+
+
+def test_rank_straggler(recorded_runs):
+    (finding,) = fired(recorded_runs["ddp_straggler"], "rank-straggler")
+    assert finding.evidence["slow_rank"] == 1
+    by_rank = finding.evidence["own_work_p50_s_by_rank"]
+    assert by_rank[1] - by_rank[0] >= 0.8 * recorded_runs.straggler_delay_ms / 1000, "rank 1 sleeps per step"
+    assert finding.evidence["lag_pct_of_step"] >= distributed.STRAGGLER_LAG_WARNING_PCT
+    assert not fired(recorded_runs["ddp"], "rank-straggler")
+
+
+def test_gpu_only_rules_stay_silent_on_cpu_runs(recorded_runs):
+    """Tensor cores, NVML and CUDA allocator facts do not exist on a CPU run: no guessing."""
+    gpu_only = {rule.id for rule in all_rules() if rule.gpu_only}
+    for name in ("baseline", "ddp"):
+        ctx = RunContext.of(recorded_runs[name])
+        assert not ctx.on_gpu
+        assert not any(RULES[rule_id].findings(ctx) for rule_id in gpu_only)
+        assert gpu_only.isdisjoint(finding.rule for finding in diagnose(recorded_runs[name], strict=True))
+
+
+def test_every_rule_runs_cleanly_on_every_recorded_run(recorded_runs):
+    for name in ("baseline", "data_delay", "host_sync", "ddp", "ddp_straggler"):
+        findings = diagnose(recorded_runs[name], strict=True)
+        assert [finding.sort_key for finding in findings] == sorted(finding.sort_key for finding in findings)
