@@ -1,0 +1,89 @@
+"""The gpuprof dashboard, a Streamlit script: `gpuprof dashboard [RUNS_DIR]` runs it.
+
+The sidebar holds the page and the selected runs (mirrored in the URL so a view can be
+shared or reloaded); the page body reruns on its own while a selected run is still being
+written, and widget state survives those reruns.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import streamlit as st
+
+from gpuprof.dashboard import MAX_SELECTED_RUNS, MIN_REFRESH_S, data
+from gpuprof.dashboard.views import compare, distributed, numerics, run, runs, trace
+from gpuprof.errors import GpuprofError
+
+PAGES = {
+    "Runs": runs.render,
+    "Run": run.render,
+    "Numerics": numerics.render,
+    "Trace": trace.render,
+    "Distributed": distributed.render,
+    "Compare": compare.render,
+}
+
+
+def _init_from_url(names: list[str]) -> None:
+    """On a session's first run, take the page and runs from the URL (?page=Run&run=a&run=b)."""
+    if "page" not in st.session_state:
+        page = st.query_params.get("page", "Runs")
+        st.session_state.page = page if page in PAGES else "Runs"
+    if "selected_runs" not in st.session_state:
+        wanted = [name for name in st.query_params.get_all("run") if name in names]
+        st.session_state.selected_runs = (wanted or names[:1])[:MAX_SELECTED_RUNS]
+    # A run that vanished from the folder can no longer be selected.
+    st.session_state.selected_runs = [name for name in st.session_state.selected_runs if name in names]
+
+
+def _sidebar(entries: list[data.RunEntry]) -> tuple[str, list[str], float | None]:
+    names = [entry.name for entry in entries if entry.ok]
+    _init_from_url(names)
+    with st.sidebar:
+        st.title("gpuprof")
+        page = st.radio("Page", list(PAGES), key="page")
+        selected = st.multiselect(
+            "Runs", names, key="selected_runs", max_selections=MAX_SELECTED_RUNS,
+            help="One run for the Run, Numerics, Trace and Distributed pages; two for Compare.",
+        )
+        auto = st.toggle("Auto-refresh live runs", value=True, key="auto_refresh")
+        interval_s = st.number_input("Refresh every (s)", min_value=MIN_REFRESH_S, value=data.refresh_interval_s(),
+                                     step=1.0, key="refresh_s", disabled=not auto)
+    st.query_params.from_dict({"page": page, "run": selected})
+    return page, selected, interval_s if auto else None
+
+
+def _watched(page: str, entries: list[data.RunEntry], selected: list[str]) -> list[data.RunEntry]:
+    """The runs whose growth the page shows: all of them on the Runs page, else the selected ones."""
+    return entries if page == "Runs" else [entry for entry in entries if entry.name in selected]
+
+
+def _page_body(root, page: str, selected: list[str], refreshing: bool) -> None:
+    entries = data.catalog(root)
+    by_name = {entry.name: entry for entry in entries}
+    PAGES[page](root=root, entries=entries, selected=[by_name[name] for name in selected if name in by_name])
+    if refreshing and not any(entry.live for entry in _watched(page, entries, selected)):
+        st.rerun(scope="app")  # the run finished: a full rerun stops the periodic refresh
+
+
+def main() -> None:
+    st.set_page_config(page_title="gpuprof", layout="wide")
+    try:
+        root = data.runs_root(sys.argv)
+    except GpuprofError as error:
+        st.error(str(error))
+        return
+    entries = data.catalog(root)
+    page, selected, interval_s = _sidebar(entries)
+    refreshing = bool(interval_s) and any(entry.live for entry in _watched(page, entries, selected))
+    body = partial(_page_body, root, page, selected, refreshing)
+    if refreshing:
+        st.caption(f"Live: refreshing every {interval_s:g} s.")
+        st.fragment(body, run_every=interval_s)()
+    else:
+        body()
+
+
+main()

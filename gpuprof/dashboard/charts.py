@@ -1,0 +1,298 @@
+"""Plotly figures of a run's timelines, shared by the Streamlit pages and `gpuprof report`.
+
+Every builder takes the run's DataFrames (columns as in docs/run-format.md) and returns a
+`Panel`: a figure, or no figure and a one-line note saying why (e.g. a CPU run has no GPU
+samples). Long series are downsampled here, once, for every consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from gpuprof.analysis.run.summary import PHASES
+from gpuprof.dashboard.downsample import MAX_POINTS, bucket_mean, lttb
+
+GIB = 2**30
+HEATMAP_MAX_STEPS = 400
+CHART_HEIGHT_PX = 320
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One chart of a page: `figure` is None when the run has nothing to show, and `note` says why."""
+
+    title: str
+    figure: go.Figure | None
+    note: str = ""
+
+
+def _layout(figure: go.Figure, *, x_title: str, y_title: str = "", height: int = CHART_HEIGHT_PX) -> go.Figure:
+    figure.update_layout(
+        height=height,
+        margin=dict(l=10, r=10, t=30, b=10),
+        legend=dict(orientation="h", y=1.12, x=0),
+        hovermode="x unified",
+    )
+    figure.update_xaxes(title_text=x_title)
+    if y_title:
+        figure.update_yaxes(title_text=y_title)
+    return figure
+
+
+def _has(frame: pd.DataFrame, column: str) -> bool:
+    return column in frame.columns and frame[column].notna().any()
+
+
+def _line(frame: pd.DataFrame, x: str, y: str, name: str, scale: float = 1.0, **trace) -> go.Scatter:
+    # SVG, not WebGL: after LTTB a line has at most MAX_POINTS points, and a page of WebGL charts
+    # runs into the browser's limit on WebGL contexts.
+    points = lttb(frame, x, y, MAX_POINTS)
+    return go.Scatter(x=points[x], y=points[y] * scale, name=name, mode="lines", **trace)
+
+
+def _markers(x: pd.Series, y, name: str, color: str) -> go.Scatter:
+    return go.Scatter(x=x, y=y, name=name, mode="markers", marker=dict(color=color, symbol="x", size=9))
+
+
+def throughput_panel(steps: pd.DataFrame) -> Panel:
+    if not _has(steps, "tokens_per_s"):
+        return Panel("Throughput and MFU", None, "No throughput recorded: the loop passed no token counts to prof.step().")
+    figure = make_subplots(specs=[[{"secondary_y": True}]])
+    figure.add_trace(_line(steps, "step", "tokens_per_s", "tokens/s"), secondary_y=False)
+    if _has(steps, "mfu"):
+        figure.add_trace(_line(steps, "step", "mfu", "MFU %", scale=100.0), secondary_y=True)
+        figure.update_yaxes(title_text="MFU %", secondary_y=True, rangemode="tozero")
+    figure.update_yaxes(title_text="tokens/s", secondary_y=False, rangemode="tozero")
+    note = "" if _has(steps, "mfu") else "MFU unknown: no peak FLOP/s for this device."
+    return Panel("Throughput and MFU", _layout(figure, x_title="step"), note)
+
+
+def phases_panel(steps: pd.DataFrame) -> Panel:
+    columns = [f"{phase}_time_s" for phase in PHASES if _has(steps, f"{phase}_time_s")]
+    if not columns:
+        return Panel("Step time by phase", None, "No step times recorded.")
+    averaged = bucket_mean(steps, "step", columns)
+    figure = go.Figure()
+    for column in columns:
+        figure.add_trace(go.Scatter(
+            x=averaged["step"], y=averaged[column] * 1e3, name=column.removesuffix("_time_s"),
+            mode="lines", stackgroup="phases", line=dict(width=0.5),
+        ))
+    note = "" if len(averaged) == len(steps) else f"Averaged over buckets of ~{len(steps) // len(averaged)} steps."
+    return Panel("Step time by phase", _layout(figure, x_title="step", y_title="ms"), note)
+
+
+def loss_panel(steps: pd.DataFrame) -> Panel:
+    if "loss" not in steps.columns or steps["loss"].isna().all():
+        return Panel("Loss", None, "No loss recorded: the loop passed no loss to prof.step().")
+    figure = go.Figure(_line(steps, "step", "loss", "loss"))
+    finite = np.isfinite(steps["loss"].to_numpy(dtype=float))
+    if not finite.all():
+        top = float(steps["loss"][finite].max()) if finite.any() else 0.0
+        bad_steps = steps["step"][~finite]
+        figure.add_trace(_markers(bad_steps, [top] * len(bad_steps), "non-finite loss", "crimson"))
+    return Panel("Loss", _layout(figure, x_title="step", y_title="loss"))
+
+
+def _elapsed(system: pd.DataFrame, start_unix_s: float | None) -> pd.DataFrame:
+    origin = start_unix_s if start_unix_s else system["time_unix_s"].min()
+    return system.assign(elapsed_s=system["time_unix_s"] - origin)
+
+
+_GPU_ROWS = (
+    ("utilization %", ("gpu_util_pct", "sm_active_pct", "tensor_active_pct")),
+    ("power W", ("power_w",)),
+    ("temperature °C", ("temp_c",)),
+    ("SM clock MHz", ("sm_clock_mhz",)),
+)
+
+
+def gpu_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
+    title = "GPU utilization, SM activity, power, temperature, clocks"
+    gpu = system[system["device_index"].notna()] if "device_index" in system.columns else system.iloc[0:0]
+    rows = [(label, [c for c in columns if _has(gpu, c)]) for label, columns in _GPU_ROWS]
+    rows = [(label, columns) for label, columns in rows if columns]
+    if not rows:
+        return Panel(title, None, "No GPU samples: this run did not run on a GPU (or NVML was unavailable).")
+    gpu = _elapsed(gpu, start_unix_s)
+    figure = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                           subplot_titles=[label for label, _ in rows])
+    for row, (_, columns) in enumerate(rows, start=1):
+        for device, samples in gpu.groupby("device_index"):
+            for column in columns:
+                figure.add_trace(_line(samples, "elapsed_s", column, f"gpu{int(device)} {column}"), row=row, col=1)
+    _layout(figure, x_title="", height=170 * len(rows) + 60)
+    figure.update_xaxes(title_text="seconds since start", row=len(rows), col=1)
+    return Panel(title, figure)
+
+
+def host_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
+    if not (_has(system, "host_cpu_pct") or _has(system, "proc_rss_bytes")):
+        return Panel("Host CPU and memory", None, "No host samples recorded.")
+    host = _elapsed(system, start_unix_s)
+    figure = make_subplots(specs=[[{"secondary_y": True}]])
+    if _has(host, "host_cpu_pct"):
+        figure.add_trace(_line(host, "elapsed_s", "host_cpu_pct", "host CPU %"), secondary_y=False)
+    if _has(host, "proc_rss_bytes"):
+        figure.add_trace(_line(host, "elapsed_s", "proc_rss_bytes", "process RSS GiB", scale=1 / GIB), secondary_y=True)
+        figure.update_yaxes(title_text="GiB", secondary_y=True)
+    figure.update_yaxes(title_text="CPU %", secondary_y=False)
+    return Panel("Host CPU and memory", _layout(figure, x_title="seconds since start"))
+
+
+def _memory_limit_bytes(meta: dict) -> float | None:
+    sizes = [d.get("total_memory_bytes") for d in meta.get("devices") or [] if d.get("kind") == "cuda"]
+    sizes = [size for size in sizes if size]
+    return float(min(sizes)) if sizes else None
+
+
+_MEMORY_LINES = (
+    ("mem_allocated_bytes", "allocated"),
+    ("mem_reserved_bytes", "reserved"),
+    ("mem_peak_allocated_bytes", "peak allocated"),
+)
+
+
+def memory_panel(steps: pd.DataFrame, meta: dict) -> Panel:
+    lines = [(column, name) for column, name in _MEMORY_LINES if _has(steps, column)]
+    if not lines:
+        if _has(steps, "mem_rss_bytes"):
+            figure = go.Figure(_line(steps, "step", "mem_rss_bytes", "process RSS", scale=1 / GIB))
+            return Panel("Memory", _layout(figure, x_title="step", y_title="GiB"),
+                         "No device memory on this run (CPU): showing the process's resident memory.")
+        return Panel("Memory", None, "No memory recorded.")
+    figure = go.Figure([_line(steps, "step", column, name, scale=1 / GIB) for column, name in lines])
+    limit = _memory_limit_bytes(meta)
+    if limit:
+        figure.add_hline(y=limit / GIB, line=dict(color="crimson", dash="dash"),
+                         annotation_text=f"limit {limit / GIB:.1f} GiB")
+    return Panel("Memory", _layout(figure, x_title="step", y_title="GiB"))
+
+
+def grad_norm_heatmap_panel(layers: pd.DataFrame) -> Panel:
+    title = "Gradient norm per layer (log10)"
+    if layers.empty or not _has(layers, "grad_norm"):
+        return Panel(title, None, "No per-layer gradient norms recorded (pass model= to gpuprof.profile).")
+    order = list(layers["layer"].unique())  # first-seen order: the model's own layer order
+    table = layers.pivot_table(index="step", columns="layer", values="grad_norm", aggfunc="mean")[order]
+    averaged = bucket_mean(table.reset_index(), "step", order, HEATMAP_MAX_STEPS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.log10(averaged[order].to_numpy(dtype=float).T)
+    z[~np.isfinite(z)] = np.nan
+    figure = go.Figure(go.Heatmap(x=averaged["step"], y=order, z=z, colorscale="Viridis",
+                                  colorbar=dict(title="log10 ‖g‖")))
+    return Panel(title, _layout(figure, x_title="step", height=max(CHART_HEIGHT_PX, 14 * len(order) + 80)))
+
+
+def scaler_panel(steps: pd.DataFrame) -> Panel:
+    title = "GradScaler scale and skipped steps"
+    if not _has(steps, "scaler_scale"):
+        return Panel(title, None, "No GradScaler in this run.")
+    figure = go.Figure(_line(steps, "step", "scaler_scale", "scale"))
+    if "step_skipped" in steps.columns:
+        skipped = steps[steps["step_skipped"].fillna(False).astype(bool)]
+        if not skipped.empty:
+            figure.add_trace(_markers(skipped["step"], skipped["scaler_scale"], "skipped step", "crimson"))
+    figure.update_yaxes(type="log")
+    return Panel(title, _layout(figure, x_title="step", y_title="scale"))
+
+
+def run_panels(run, rank: int) -> list[Panel]:
+    """The Run page's charts for one rank, in page order."""
+    steps, system, layers = (frame[frame["rank"] == rank] for frame in (run.steps, run.system, run.layers))
+    start = run.meta.get("start_unix_s")
+    if steps.empty:
+        return [Panel("Steps", None, "No steps recorded yet.")]
+    return [
+        throughput_panel(steps),
+        phases_panel(steps),
+        loss_panel(steps),
+        gpu_panel(system, start),
+        host_panel(system, start),
+        memory_panel(steps, run.meta),
+        grad_norm_heatmap_panel(layers),
+        scaler_panel(steps),
+    ]
+
+
+def rank_step_time_panel(steps: pd.DataFrame) -> Panel:
+    """Step time of every rank over the run: a straggler is the line that sits above the others."""
+    figure = go.Figure([
+        _line(frame, "step", "step_time_s", f"rank {int(rank)}", scale=1e3)
+        for rank, frame in steps.groupby("rank")
+    ])
+    return Panel("Step time per rank", _layout(figure, x_title="step", y_title="ms"))
+
+
+def rank_phase_panel(per_rank: pd.DataFrame) -> Panel:
+    """Median time of each phase per rank, stacked (from the run summary's per-rank table)."""
+    columns = [f"{phase}_time_p50_s" for phase in PHASES if _has(per_rank, f"{phase}_time_p50_s")]
+    if per_rank.empty or not columns:
+        return Panel("Phases per rank (median)", None, "No phase times recorded.")
+    labels = [f"rank {int(rank)}" for rank in per_rank["rank"]]
+    figure = go.Figure([
+        go.Bar(x=labels, y=per_rank[column] * 1e3, name=column.removesuffix("_time_p50_s"))
+        for column in columns
+    ])
+    figure.update_layout(barmode="stack")
+    return Panel("Phases per rank (median)", _layout(figure, x_title="", y_title="ms"))
+
+
+def overlay_panel(runs: dict[str, pd.DataFrame], column: str, title: str, y_title: str, scale: float = 1.0) -> Panel:
+    """The same step series of several runs on one chart (Compare page)."""
+    traces = [
+        _line(steps, "step", column, name, scale=scale)
+        for name, steps in runs.items() if _has(steps, column)
+    ]
+    if not traces:
+        return Panel(title, None, f"Neither run recorded {column}.")
+    return Panel(title, _layout(go.Figure(traces), x_title="step", y_title=y_title))
+
+
+KERNEL_NAME_CHARS = 60
+TRACE_STEP_COLUMNS_EXCLUDED = ("rank", "step", "start_us", "end_us", "step_time_us")
+
+
+def trace_steps_panel(step_breakdown: pd.DataFrame) -> Panel:
+    """Each profiled step split into kernel, memcpy, communication, CPU... time (sums to the step's wall time)."""
+    title = "Step time breakdown (trace window)"
+    if step_breakdown.empty:
+        return Panel(title, None, "No profiler steps in this trace (no ProfilerStep markers).")
+    labels = [f"rank {int(r)} · step {int(s)}" for r, s in zip(step_breakdown["rank"], step_breakdown["step"])]
+    columns = [c for c in step_breakdown.columns if c.endswith("_us") and c not in TRACE_STEP_COLUMNS_EXCLUDED]
+    figure = go.Figure([
+        go.Bar(x=labels, y=step_breakdown[column] / 1e3, name=column.removesuffix("_us")) for column in columns
+    ])
+    figure.update_layout(barmode="stack")
+    return Panel(title, _layout(figure, x_title="", y_title="ms"))
+
+
+def kernel_types_panel(kernel_types: pd.DataFrame) -> Panel:
+    title = "Kernel time by type"
+    if kernel_types.empty:
+        return Panel(title, None, "No GPU kernels in this trace.")
+    figure = go.Figure([
+        go.Bar(y=frame["kernel_type"], x=frame["time_us"] / 1e3, name=f"rank {int(rank)}", orientation="h")
+        for rank, frame in kernel_types.groupby("rank")
+    ])
+    figure.update_yaxes(automargin=True, autorange="reversed")
+    return Panel(title, _layout(figure, x_title="ms"))
+
+
+def top_kernels_panel(top_kernels: pd.DataFrame) -> Panel:
+    title = "Top kernels by total time"
+    if top_kernels.empty:
+        return Panel(title, None, "No GPU kernels in this trace.")
+    shown = top_kernels.sort_values("total_us")
+    names = [f"r{int(r)} {name[:KERNEL_NAME_CHARS]}" for r, name in zip(shown["rank"], shown["name"])]
+    figure = go.Figure(go.Bar(x=shown["total_us"] / 1e3, y=names, orientation="h",
+                              customdata=shown[["count", "mean_us"]], hovertemplate=(
+                                  "%{y}<br>%{x:.2f} ms total, %{customdata[0]} calls, "
+                                  "%{customdata[1]:.1f} µs mean<extra></extra>")))
+    figure.update_yaxes(automargin=True)
+    return Panel(title, _layout(figure, x_title="ms", height=max(CHART_HEIGHT_PX, 26 * len(names) + 80)))

@@ -1,0 +1,87 @@
+"""Pieces every page uses: number formatting, findings cards, chart panels, the "pick a run" hint."""
+
+from __future__ import annotations
+
+import logging
+import re
+from contextlib import contextmanager
+
+import pandas as pd
+import streamlit as st
+
+from gpuprof.dashboard.format import fmt, known
+from gpuprof.errors import GpuprofError
+
+log = logging.getLogger(__name__)
+
+# Material icons ship with Streamlit's frontend, so they render with no emoji font installed.
+SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
+SEVERITY_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
+
+
+def need_runs(selected: list, count: int, page: str) -> bool:
+    """True when enough runs are selected; otherwise says what to pick."""
+    if len(selected) >= count:
+        return True
+    what = "one run" if count == 1 else "two runs"
+    st.info(f"Select {what} in the sidebar to see the {page} page.")
+    return False
+
+
+@contextmanager
+def section(title: str):
+    """A part of a page that fails alone: bad input gets its message, a bug gets one line, the page goes on."""
+    try:
+        yield
+    except GpuprofError as error:
+        st.error(f"{title}: {error}")
+    except Exception as error:  # noqa: BLE001 - one broken panel must not take the page down
+        log.exception("dashboard section %r failed", title)
+        st.error(f"{title}: could not be shown ({type(error).__name__}: {error})")
+
+
+def show_panel(panel) -> None:
+    st.subheader(panel.title)
+    if panel.figure is None:
+        st.info(panel.note)
+        return
+    st.plotly_chart(panel.figure, key=f"chart-{panel.title}")
+    if panel.note:
+        st.caption(panel.note)
+
+
+MARKDOWN_SPECIALS = re.compile(r"([\\`*_\[\]$~|<>#])")
+
+
+def escape_markdown(text: str) -> str:
+    """`text` shown literally where Streamlit renders markdown (a `$` would start LaTeX)."""
+    return MARKDOWN_SPECIALS.sub(r"\\\1", text)
+
+
+def show_findings(findings: list) -> None:
+    """Diagnoses, most severe first: title always visible; evidence and fix one click away."""
+    if not findings:
+        st.success("No problems found by the diagnosis rules.")
+        return
+    for finding in findings:
+        gain = f" · est. gain {finding.est_gain_pct:.0f} % of step time" if known(finding.est_gain_pct) else ""
+        color = SEVERITY_COLORS.get(finding.severity, "gray")
+        label = f":{color}[**{finding.severity}**] {escape_markdown(finding.title)}{gain}"
+        with st.expander(label, expanded=finding.severity == "critical", icon=SEVERITY_ICONS.get(finding.severity)):
+            st.caption(f"rule `{finding.rule}`")
+            if finding.fix:
+                st.markdown(f"**Fix:** {escape_markdown(finding.fix)}")
+            flat = {key: value for key, value in finding.evidence.items() if not isinstance(value, dict)}
+            if flat:
+                st.table(pd.DataFrame({"value": [_evidence_value(value) for value in flat.values()]},
+                                      index=list(flat)))
+            for key, value in finding.evidence.items():
+                if isinstance(value, dict):
+                    st.caption(key)
+                    st.json(value, expanded=False)
+
+
+def _evidence_value(value) -> str:
+    if isinstance(value, float):
+        return fmt(value, "{:,.4g}")
+    return str(value)

@@ -1,0 +1,50 @@
+"""Compare page: two runs side by side (e.g. baseline vs optimized): speedup, memory saved,
+findings that appeared or disappeared, and their timelines overlaid."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gpuprof.dashboard import data
+from gpuprof.dashboard.format import fmt, fmt_gib
+from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel
+
+
+def headline(comparison) -> None:
+    a, b = comparison.a, comparison.b
+    speedup = a.step_time_p50_s / b.step_time_p50_s if a.step_time_p50_s and b.step_time_p50_s else None
+    throughput = b.tokens_per_s / a.tokens_per_s if a.tokens_per_s and b.tokens_per_s else None
+    saved = (a.peak_mem_allocated_bytes - b.peak_mem_allocated_bytes
+             if a.peak_mem_allocated_bytes is not None and b.peak_mem_allocated_bytes is not None else None)
+    columns = st.columns(3)
+    columns[0].metric("Speedup (step time p50, A/B)", fmt(speedup, "{:.2f}×"))
+    columns[1].metric("Throughput (tokens/s, B/A)", fmt(throughput, "{:.2f}×"))
+    columns[2].metric("Peak memory saved (A−B)", fmt_gib(saved))
+
+
+def findings_column(column, title: str, findings: list) -> None:
+    with column:
+        st.subheader(title)
+        if findings:
+            show_findings(findings)
+        else:
+            st.info("None.")
+
+
+def render(root, entries, selected) -> None:
+    if not need_runs(selected, 2, "Compare"):
+        return
+    entry_a, entry_b = selected[:2]
+    st.header(f"Compare · A `{entry_a.name}` vs B `{entry_b.name}`")
+    with section("Comparison"):
+        comparison = data.comparison(str(entry_a.path), entry_a.signature, str(entry_b.path), entry_b.signature)
+        headline(comparison)
+        st.dataframe(comparison.metrics, hide_index=True, key="compare_metrics")
+        left, right = st.columns(2)
+        findings_column(left, "Findings that appeared in B", comparison.appeared)
+        findings_column(right, "Findings gone in B", comparison.disappeared)
+        if comparison.persisted:
+            st.caption(f"In both runs: {', '.join(comparison.persisted)}")
+    with section("Timelines"):
+        for panel in data.overlay_panels(str(entry_a.path), entry_a.signature, str(entry_b.path), entry_b.signature):
+            show_panel(panel)

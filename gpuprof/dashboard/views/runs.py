@@ -1,0 +1,74 @@
+"""Runs page: every run under the folder with its headline figures; runs that cannot be read say why."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pandas as pd
+import streamlit as st
+
+from gpuprof.dashboard.charts import GIB
+from gpuprof.dashboard import MAX_SELECTED_RUNS
+from gpuprof.dashboard.format import device_label
+
+
+def _row(entry) -> dict:
+    summary, meta = entry.summary, entry.meta
+    config = meta.get("config") or {}
+    model = meta.get("model") or {}
+    severities = [finding.severity for finding in entry.findings]
+    return {
+        "run": entry.name,
+        "status": entry.status,
+        "device": device_label(meta),
+        "model": config.get("model_size") or model.get("class") or "—",
+        "variant": config.get("variant") or "—",
+        "ranks": summary.world_size,
+        "steps": summary.n_steps,
+        "step p50 ms": summary.step_time_p50_s * 1e3 if summary.step_time_p50_s is not None else None,
+        "tokens/s": summary.tokens_per_s,
+        "MFU %": summary.mfu * 100 if summary.mfu is not None else None,
+        "peak memory GiB": (summary.peak_mem_allocated_bytes / GIB
+                            if summary.peak_mem_allocated_bytes is not None else None),
+        "critical": severities.count("critical"),
+        "warnings": severities.count("warning"),
+    }
+
+
+def _select_rows(names: list[str]) -> None:
+    """Ticked rows become the sidebar's selected runs (a callback: it runs before the rerun draws the sidebar)."""
+    rows = st.session_state["runs_table"]["selection"]["rows"]
+    if rows:
+        st.session_state.selected_runs = [names[row] for row in sorted(rows)][:MAX_SELECTED_RUNS]
+
+
+def render(root, entries, selected) -> None:
+    st.header("Runs")
+    st.caption(f"Folder: `{root}`")
+    readable = [entry for entry in entries if entry.ok]
+    if not entries:
+        st.info(
+            f"No runs under {root}. Record one with `gpuprof train --run-dir {root}/NAME`, "
+            "or wrap a training loop in `gpuprof.profile(...)`, then reload."
+        )
+        return
+    if readable:
+        table = pd.DataFrame([_row(entry) for entry in readable])
+        st.dataframe(
+            table, hide_index=True, key="runs_table", on_select=partial(_select_rows, table["run"].tolist()),
+            selection_mode="multi-row",
+            column_config={
+                "step p50 ms": st.column_config.NumberColumn(format="%.1f"),
+                "tokens/s": st.column_config.NumberColumn(format="%.0f"),
+                "MFU %": st.column_config.NumberColumn(format="%.1f"),
+                "peak memory GiB": st.column_config.NumberColumn(format="%.3f"),
+            },
+        )
+        devices = sorted({device_label(entry.meta) for entry in readable})
+        st.caption(f"Recorded on: {', '.join(devices)}. Select one run (Run page) or two (Compare): "
+                   "tick rows here or pick them in the sidebar.")
+    for entry in entries:
+        if not entry.ok:
+            st.warning(f"`{entry.name}` cannot be shown: {entry.error}")
+        for note in entry.notes:
+            st.caption(f"`{entry.name}`: {note}")

@@ -1,0 +1,87 @@
+"""Fixtures of the dashboard tests: the sample runs and an AppTest opener."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from gpuprof.dashboard import APP_PATH, REPO_SAMPLE_RUNS, RUNS_DIR_ENV
+
+SAMPLE_NAMES = ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")
+REPO = Path(__file__).resolve().parents[2]
+FALLBACK_STEPS = 8
+
+
+@pytest.fixture(scope="session")
+def sample_root(tmp_path_factory) -> Path:
+    """sample_runs/ from the repo, or the same runs recorded now when it is missing or incomplete."""
+    if complete(REPO_SAMPLE_RUNS):
+        return REPO_SAMPLE_RUNS
+    # Under xdist every worker has its own base temp folder inside one for the session: record once there.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "dashboard_sample_runs"
+    with FileLock(str(shared / "dashboard_sample_runs.lock")):
+        if not complete(out):
+            subprocess.run(
+                [sys.executable, str(REPO / "scripts" / "make_sample_runs.py"), "--out", str(out),
+                 "--steps", str(FALLBACK_STEPS)],
+                check=True, cwd=REPO,
+            )
+    return out
+
+
+def complete(root: Path) -> bool:
+    return all((root / name / "meta.json").is_file() for name in SAMPLE_NAMES)
+
+
+@pytest.fixture
+def open_page(monkeypatch):
+    """open_page(root, page, runs=()) -> an AppTest that has rendered `page` with `runs` selected."""
+    from streamlit.testing.v1 import AppTest
+
+    def open_(root: Path, page: str, runs: tuple[str, ...] = ()):
+        monkeypatch.setenv(RUNS_DIR_ENV, str(root))
+        app = AppTest.from_file(str(APP_PATH), default_timeout=120)
+        app.query_params["page"] = page
+        if runs:
+            app.query_params["run"] = list(runs)
+        app.run()
+        assert not app.exception, [e.value for e in app.exception]
+        return app
+
+    return open_
+
+
+@pytest.fixture(scope="session")
+def traced_root(tmp_path_factory) -> Path:
+    """A folder with one run of a tiny GPT-2 loop recorded by gpuprof.profile with a trace window
+    (steps 2-3): the real capture path, whatever flags `gpuprof train` offers."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import gpuprof
+
+    root = tmp_path_factory.mktemp("traced")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gpuprof.profile(root / "traced", model=model, optimizer=optimizer, trace_steps=range(2, 4),
+                         sample_interval_s=None) as prof:
+        for _ in range(5):
+            with prof.phase("data"):
+                tokens = torch.randint(0, 256, (4, 32))
+            with prof.phase("forward"):
+                loss = model(input_ids=tokens, labels=tokens).loss
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            prof.step(loss=loss, tokens=tokens.numel())
+    return root

@@ -1,0 +1,31 @@
+"""Readers of what a rendered dashboard page holds (imported by the dashboard tests)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+
+def figures(app) -> list[dict]:
+    """Every Plotly figure on the page, as the JSON spec Streamlit sends to the browser."""
+    return [json.loads(element.proto.spec) for element in app.get("plotly_chart")]
+
+
+def trace_named(app, name: str) -> dict:
+    matches = [trace for figure in figures(app) for trace in figure["data"] if trace.get("name") == name]
+    assert matches, f"no chart trace named {name!r}"
+    return matches[0]
+
+
+def values(trace: dict, axis: str) -> np.ndarray:
+    """A trace's x or y values; Plotly sends numeric arrays base64-encoded."""
+    data = trace[axis]
+    if isinstance(data, dict) and "bdata" in data:
+        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=np.dtype(data["dtype"]))
+    return np.asarray(data)
+
+
+def texts(elements) -> list[str]:
+    return [str(element.value) for element in elements]

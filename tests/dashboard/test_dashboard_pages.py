@@ -1,0 +1,159 @@
+"""Every dashboard page on the sample runs, through Streamlit's AppTest: the findings, the numbers
+and the chart data must be those of the analysis layer for the same run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dashboard_helpers import texts, trace_named, values
+
+from gpuprof.analysis.run import compare, summarize
+from gpuprof.analysis.trace import TraceAnalysis
+from gpuprof.dashboard.views.common import escape_markdown
+from gpuprof.diagnoses import diagnose
+from gpuprof.diagnoses.rules.numerics import NONFINITE_EVENT_KINDS
+from gpuprof.run.reader import load_run
+from gpuprof.run.schema import NUMERICS_DIR
+
+
+def test_runs_page_lists_every_run_with_its_figures(sample_root, open_page):
+    app = open_page(sample_root, "Runs")
+    table = app.dataframe[0].value.set_index("run")
+    for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank"):
+        run = load_run(sample_root / name)
+        summary = summarize(run)
+        row = table.loc[name]
+        assert row["device"].endswith("cpu")
+        assert row["steps"] == summary.n_steps
+        assert row["tokens/s"] == pytest.approx(summary.tokens_per_s)
+        assert row["critical"] == sum(f.severity == "critical" for f in diagnose(run))
+    assert table.loc["ddp-2rank", "ranks"] == 2
+    assert "Recorded on: " in " ".join(texts(app.caption))
+
+
+def test_run_page_shows_diagnoses_first_then_the_timelines(sample_root, open_page):
+    app = open_page(sample_root, "Run", ("slow-data",))
+    run = load_run(sample_root / "slow-data")
+    findings = diagnose(run)
+    labels = [expander.label for expander in app.expander]
+    assert any(f.rule.startswith("dataloader") for f in findings), [f.rule for f in findings]
+    assert [next(i for i, label in enumerate(labels) if escape_markdown(f.title) in label) for f in findings] == list(
+        range(len(findings))
+    )
+    summary = summarize(run)
+    metrics = {metric.label: metric.value for metric in app.metric}
+    assert metrics["Tokens/s"] == f"{summary.tokens_per_s:,.0f}"
+    assert metrics["Step time p50"] == f"{summary.step_time_p50_s * 1e3:,.1f} ms"
+    steps = run.steps[run.steps["rank"] == 0]
+    throughput = trace_named(app, "tokens/s")
+    np.testing.assert_allclose(values(throughput, "y"), steps["tokens_per_s"].dropna())
+    data_phase = trace_named(app, "data")
+    np.testing.assert_allclose(values(data_phase, "y"), steps["data_time_s"] * 1e3)
+    loss = trace_named(app, "loss")
+    np.testing.assert_allclose(values(loss, "y"), steps["loss"])
+    subheaders = texts(app.subheader)
+    assert subheaders.index("Diagnoses") < subheaders.index("Throughput and MFU")
+    assert not app.error
+
+
+def test_numerics_page_names_where_the_nan_appeared(sample_root, open_page):
+    app = open_page(sample_root, "Numerics", ("nan",))
+    run = load_run(sample_root / "nan")
+    findings = [f for f in diagnose(run) if f.rule == "nonfinite-values"]
+    assert findings and any(escape_markdown(findings[0].title) in expander.label for expander in app.expander)
+    event = run.events[run.events["kind"].isin(NONFINITE_EVENT_KINDS)].iloc[0]
+    shown = next(table.value["value"].to_dict() for table in app.table if "phase" in table.value.index)
+    first_bad_step = int(run.steps.loc[~run.steps["loss_finite"].astype(bool), "step"].min())
+    assert int(shown["step"]) == int(event["step"]) == first_bad_step
+    for field in ("phase", "module", "first", "dtype"):
+        assert shown[field] == str(event["details"][field])
+    commands = [code.value for code in app.code if code.value.startswith("gpuprof replay ")]
+    assert len(commands) == 1
+    bundle = Path(commands[0].removeprefix("gpuprof replay "))
+    assert bundle == sample_root / "nan" / NUMERICS_DIR / Path(event["details"]["bundle"]).name
+    assert bundle.is_file() or any(bundle.name in text for text in texts(app.caption))
+    assert not app.error
+
+
+def test_trace_page_analyses_the_runs_trace_window(traced_root, open_page):
+    app = open_page(traced_root, "Trace", ("traced",))
+    run = load_run(traced_root / "traced")
+    assert len(run.trace_files) == 1  # one window, one rank
+    overview = app.dataframe[0].value
+    assert overview["file"].tolist() == [str(run.trace_files[0])]
+    steps = TraceAnalysis(run.trace_files).step_breakdown()
+    assert len(steps) >= 1
+    np.testing.assert_allclose(values(trace_named(app, "cpu_exec"), "y"), steps["cpu_exec_us"] / 1e3)
+    assert [d.proto.label for d in app.get("download_button")] == [
+        f"Download {run.trace_files[0].name} (open in ui.perfetto.dev)"]
+    assert not app.error
+
+
+def test_sample_runs_have_a_trace_window_per_rank(sample_root):
+    train_help = subprocess.run([sys.executable, "-m", "gpuprof", "train", "--help"], capture_output=True,
+                                text=True, timeout=60).stdout
+    if "--trace-steps" not in train_help:
+        pytest.skip("gpuprof train has no --trace-steps yet, so scripts/make_sample_runs.py records no trace window")
+    for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank"):
+        run = load_run(sample_root / name)
+        assert len(run.trace_files) == run.meta["world_size"], name
+
+
+def test_distributed_page_compares_the_ranks(sample_root, open_page):
+    app = open_page(sample_root, "Distributed", ("ddp-2rank",))
+    per_rank = app.dataframe[0].value
+    summary = summarize(load_run(sample_root / "ddp-2rank"))
+    assert per_rank["rank"].tolist() == [0, 1]
+    np.testing.assert_allclose(per_rank["step_time_p50_s"], summary.per_rank["step_time_p50_s"])
+    assert {"rank 0", "rank 1"} <= {t for t in (trace_named(app, f"rank {r}")["name"] for r in (0, 1))}
+    assert not app.error
+
+
+def test_compare_page_shows_speedup_and_findings_delta(sample_root, open_page):
+    app = open_page(sample_root, "Compare", ("baseline", "optimized"))
+    comparison = compare(load_run(sample_root / "baseline"), load_run(sample_root / "optimized"))
+    metrics = {metric.label: metric.value for metric in app.metric}
+    speedup = comparison.a.step_time_p50_s / comparison.b.step_time_p50_s
+    assert metrics["Speedup (step time p50, A/B)"] == f"{speedup:.2f}×"
+    labels = " ".join(expander.label for expander in app.expander)
+    for finding in comparison.appeared + comparison.disappeared:
+        assert escape_markdown(finding.title) in labels
+    assert len(trace_named(app, "A baseline")["y"]) > 0 and trace_named(app, "B optimized")
+    assert not app.error
+
+
+@pytest.mark.parametrize("page", ["Run", "Numerics", "Trace", "Distributed", "Compare"])
+def test_pages_say_what_to_select(tmp_path, open_page, page):
+    app = open_page(tmp_path, page)
+    if page == "Trace":
+        assert app.selectbox[0].options == ["A trace file I upload"]
+    else:
+        assert any("Select" in text for text in texts(app.info))
+
+
+SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+
+
+@pytest.mark.parametrize(("trace", "device_activity"), [
+    ("cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", False),
+    ("a100_2rank_nccl/nccl_data.json.gz", True),
+])
+def test_trace_page_analyses_an_uploaded_trace(tmp_path, open_page, trace, device_activity):
+    if not (SHARED_TRACES / trace).is_file():
+        pytest.skip(f"shared traces not found at {SHARED_TRACES}")
+    app = open_page(tmp_path, "Trace")
+    app.file_uploader[0].upload(Path(trace).name, (SHARED_TRACES / trace).read_bytes()).run()
+    overview = app.dataframe[0].value
+    expected = TraceAnalysis(SHARED_TRACES / trace).overview()
+    assert overview[["rank", "events", "device_events"]].values.tolist() == \
+        expected[["rank", "events", "device_events"]].values.tolist()
+    no_device = [text for text in texts(app.info) if "no device activity" in text]
+    assert bool(no_device) != device_activity
+    temporal = next(d.value for d in app.dataframe if "idle_time_us" in d.value.columns)
+    assert temporal["idle_time_us"].tolist() == TraceAnalysis(SHARED_TRACES / trace).temporal_breakdown()[
+        "idle_time_us"].tolist()
+    assert not app.error

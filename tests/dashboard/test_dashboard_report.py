@@ -1,0 +1,36 @@
+"""`gpuprof report RUN -o report.html`: one self-contained file with the diagnoses and the charts."""
+
+from __future__ import annotations
+
+import html
+import subprocess
+import sys
+
+from gpuprof.dashboard.charts import run_panels
+from gpuprof.diagnoses import diagnose
+from gpuprof.run.reader import load_run
+
+
+def gpuprof(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_report_holds_findings_and_every_chart(sample_root, tmp_path):
+    output = tmp_path / "report.html"
+    result = gpuprof("report", str(sample_root / "slow-data"), "-o", str(output))
+    assert result.returncode == 0, result.stderr
+    page = output.read_text()
+    run = load_run(sample_root / "slow-data")
+    for finding in diagnose(run):
+        assert html.escape(finding.title) in page
+    charts = [panel for panel in run_panels(run, 0) if panel.figure is not None]
+    assert page.count('class="plotly-graph-div"') == len(charts)
+    assert page.count("* plotly.js v") == 1  # plotly.js embedded once: the file opens offline
+
+
+def test_report_bad_input_is_one_line_and_exit_2(sample_root, tmp_path):
+    result = gpuprof("report", str(tmp_path), "-o", str(tmp_path / "r.html"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"gpuprof report: error: {tmp_path} is not a gpuprof run directory (no meta.json)"
+    result = gpuprof("report", str(sample_root / "baseline"), "--rank", "5", "-o", str(tmp_path / "r.html"))
+    assert result.returncode == 2 and "--rank 5" in result.stderr and len(result.stderr.splitlines()) == 1
