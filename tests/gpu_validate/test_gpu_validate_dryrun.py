@@ -1,0 +1,111 @@
+"""benchmarks/gpu_validate.py as a CPU dry run (tiny GPT-2, few steps): every section runs, and
+what results.json says agrees with the runs it recorded."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpuprof
+from gpuprof.analysis.run import summarize
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"
+STEPS = 5  # the fewest with which the run summary leaves out a warm-up step
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-validate")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--model", "tiny", "--steps", str(STEPS),
+         "--skip-compile"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text()), done.stdout
+
+
+def test_every_section_ran_or_says_why_not(dry_run):
+    _, results, stdout = dry_run
+    statuses = {name: record["status"] for name, record in results["sections"].items()}
+    assert statuses == {"environment": "ok", "reference": "ok", "overhead": "ok", "sync_debug": "skipped",
+                        "forensics": "ok", "trace": "ok", "analyze": "ok"}
+    assert "CUDA only" in results["sections"]["sync_debug"]["note"]
+    assert results["runtime_s"] >= sum(record["duration_s"] for record in results["sections"].values())
+    printed = stdout.rstrip().splitlines()
+    assert printed[-1].startswith("| optimized_compiled | skipped")  # the table comes last
+    assert any(line.startswith("| forensics | ok |") for line in printed)
+
+
+def test_environment_measures_the_cpu(dry_run):
+    environment = dry_run[1]["sections"]["environment"]
+    assert environment["torch"] == torch.__version__
+    for key in ("fp32_matmul_gflop_per_s", "bf16_matmul_gflop_per_s", "memcpy_gb_per_s"):
+        assert environment[key] > 0
+
+
+def test_reference_figures_are_the_recorded_runs_summaries(dry_run):
+    reference = dry_run[1]["sections"]["reference"]
+    variants = reference["variants"]
+    assert variants["optimized_compiled"]["status"] == "skipped"
+    summaries = {}
+    for name in ("baseline", "optimized"):
+        recorded = variants[name]
+        assert recorded["status"] == "ok", recorded.get("error")
+        summary = summarize(gpuprof.load_run(recorded["run_dir"])).to_dict()
+        summaries[name] = summary
+        assert summary["n_steps"] == STEPS and recorded["measured_steps"] == STEPS - recorded["warmup"]["n_steps"] > 0
+        for key in ("step_time_p50_s", "tokens_per_s", "mfu", "peak_mem_allocated_bytes"):
+            assert recorded[key] == summary[key], key
+        assert recorded["step_time_p50_s"] > 0 and recorded["tokens_per_s"] > 0
+    assert (variants["baseline"]["attention"], variants["baseline"]["fused_adamw"]) == ("eager", False)
+    assert (variants["optimized"]["attention"], variants["optimized"]["fused_adamw"]) == ("sdpa", True)
+    ratio = reference["ratios_vs_baseline"]["optimized"]
+    expected = summaries["optimized"]["step_time_p50_s"] / summaries["baseline"]["step_time_p50_s"]
+    assert ratio["step_time_p50_s"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_overhead_is_the_median_of_interleaved_pairs(dry_run):
+    out, results, _ = dry_run
+    overhead = results["sections"]["overhead"]
+    ratios = [rep["capture_step_s"] / rep["bare_step_s"] for rep in overhead["reps"]]
+    assert [rep["ratio"] for rep in overhead["reps"]] == pytest.approx(ratios, rel=1e-4)
+    assert overhead["overhead_pct"] == pytest.approx(100 * (statistics.median(ratios) - 1), abs=1e-3)
+    assert overhead["within_target"] == (overhead["overhead_pct"] <= overhead["target_pct"])
+    captured = sorted((out / "runs" / "overhead").iterdir())
+    assert len(captured) == len(overhead["reps"])
+    for run_dir in captured:  # each captured block: one warm-up step plus the timed ones
+        assert len(gpuprof.load_run(run_dir).steps) == 1 + overhead["steps_per_block"]
+
+
+def test_forensics_blames_the_injected_faults(dry_run):
+    faults = dry_run[1]["sections"]["forensics"]["faults"]
+    assert set(faults) == {"attn-overflow", "embedding-nan"}
+    for fault in faults.values():
+        assert fault["matches_expected"] and fault["replay_same_blame"], fault["blame_text"]
+        events = gpuprof.load_run(fault["run_dir"]).events
+        recorded = events[events["kind"] == "nonfinite"].iloc[0]
+        assert (int(recorded["step"]), recorded["details"]["phase"]) == (fault["blame"]["step"], fault["blame"]["phase"])
+    assert faults["attn-overflow"]["blame"]["op"] == "aten::bmm"
+    assert faults["embedding-nan"]["blame"]["tensor"] == "transformer.wte.weight"
+
+
+def test_trace_and_analyze_cover_the_recorded_runs(dry_run):
+    out, results, _ = dry_run
+    sections = results["sections"]
+    trace = sections["trace"]
+    assert Path(trace["window"]).is_dir() and trace["profiler_steps"] >= 1 and trace["top"]
+    assert json.loads((out / "trace.json").read_text())["schema"] == "gpuprof.trace"
+    analyzed = sections["analyze"]["runs"]
+    assert set(analyzed) == {path.parent.name for path in (out / "runs").glob("*/meta.json")}
+    for name in ("baseline", "optimized"):
+        assert analyzed[name]["tokens_per_s"] == sections["reference"]["variants"][name]["tokens_per_s"]
+        assert (out / "analyze" / f"{name}.txt").read_text().startswith("Run ")
