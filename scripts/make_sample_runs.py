@@ -29,22 +29,9 @@ MAX_BUNDLE_BYTES = 1_000_000
 COMMON = ["--model", "tiny", "--device", "cpu"]
 
 
-def train_supports(flag: str) -> bool:
-    """Whether `gpuprof train` has `flag` (trace windows arrive in the workload after the sample runs)."""
-    import argparse
-
-    from gpuprof.cli import train
-
-    parser = argparse.ArgumentParser()
-    train.add_parser(parser.add_subparsers())
-    subparser = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
-    return flag in subparser.choices["train"]._option_string_actions
-
-
 def train_command(name: str, steps: int) -> list[str]:
     """The command that records sample run `name` with `steps` optimizer steps."""
-    trace = ["--trace-steps", f"{steps - 4}:{steps - 2}"] if train_supports("--trace-steps") else []
-    train = [*COMMON, "--steps", str(steps), *trace]
+    train = [*COMMON, "--steps", str(steps), "--trace-steps", f"{steps - 4}:{steps - 2}"]
     gpuprof = [sys.executable, "-m", "gpuprof", "train"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "gpuprof", "train"]
@@ -71,15 +58,13 @@ def drop_large_bundles(staging: Path) -> None:
 
 def record(names: list[str], out: Path, steps: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    if not train_supports("--trace-steps"):
-        print("note: this gpuprof train has no --trace-steps yet: the sample runs get no trace window")
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".sample-runs-") as staging:
         for name in names:
-            run_dir = Path(staging) / name
-            command = [*train_command(name, steps), "--run-dir", str(run_dir)]
+            # a relative --run-dir, so the recorded config names no temporary folder
+            command = [*train_command(name, steps), "--run-dir", name]
             print(f"recording {name}: {' '.join(command[1:])}", flush=True)
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            subprocess.run(command, check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+            subprocess.run(command, check=True, cwd=staging, env=env, stdout=subprocess.DEVNULL)
         drop_large_bundles(Path(staging))
         for name in names:
             shutil.rmtree(out / name, ignore_errors=True)

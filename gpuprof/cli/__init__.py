@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from gpuprof.errors import GpuprofError
 
-SUBCOMMANDS = ("train",)
+SUBCOMMANDS = ("train", "analyze", "compare", "dashboard", "report", "trace", "replay", "demo")
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gpuprof {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `gpuprof ... | head` closed our stdout: stop quietly, as Unix tools do.
+        sys.stdout = open(os.devnull, "w")
+        return 0
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def summary_lines(summary) -> list[str]:
         f" ({summary.warmup.reason})",
         f"  step time   p50 {fmt(summary.step_time_p50_s, 's')}   p90 {fmt(summary.step_time_p90_s, 's')}"
         f"   p99 {fmt(summary.step_time_p99_s, 's')}   cv {fmt(summary.step_time_cv)}",
-        f"  throughput  {fmt(summary.tokens_per_s, 'tokens/s')}   MFU {fmt(None if summary.mfu is None else 100 * summary.mfu, '%')}",
+        f"  throughput  {fmt(summary.tokens_per_s, 'tokens/s')}   MFU {fmt(None if summary.mfu is None else 100 * summary.mfu, '%')}"
+        f"   achieved {fmt(None if summary.flops_per_s is None else summary.flops_per_s / 1e9, 'GFLOP/s')}",
         f"  memory      peak allocated {fmt(summary.peak_mem_allocated_bytes, 'bytes')}"
         f"   device total {fmt(summary.device_mem_total_bytes, 'bytes')}"
+        f"   peak process RSS {fmt(summary.peak_rss_bytes, 'bytes')}"
         f"   GPU utilization {fmt(summary.gpu_util_mean_pct, '%')}{gpu_note}",
         f"  phases      {phases}",
         f"  health      loss {fmt(health['loss_first'])} -> {fmt(health['loss_last'])}"

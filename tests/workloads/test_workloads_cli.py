@@ -76,7 +76,7 @@ def test_every_config_knob_has_a_flag():
             "--min-lr-ratio", "0.5", "--warmup-steps", "3", "--weight-decay", "0.05", "--seed", "5",
             "--device", "cpu", "--precision", "fp16", "--attention", "eager", "--grad-accum", "3",
             "--num-workers", "1", "--grad-clip", "0.5", "--activation-checkpointing", "--no-fused-adamw",
-            "--no-tf32", "--no-pin-memory", "--compile", "--run-dir", "r", "--log-every", "2",
+            "--no-tf32", "--no-pin-memory", "--compile", "--run-dir", "r", "--log-every", "2", "--trace-steps", "2:4",
             "--checkpoint-every", "4", "--checkpoint-dir", "c", "--resume", "x.pt", "--data-delay-ms", "5",
             "--host-sync", "--straggler-rank", "1", "--straggler-delay-ms", "20",
             "--inject", "embedding-nan@2", "--on-nonfinite", "raise"]

@@ -50,8 +50,10 @@ class RunSummary:
     step_time_cv: float | None
     tokens_per_s: float | None
     mfu: float | None
+    flops_per_s: float | None
     peak_mem_allocated_bytes: float | None
     peak_mem_reserved_bytes: float | None
+    peak_rss_bytes: float | None
     device_mem_total_bytes: float | None
     gpu_util_mean_pct: float | None
     phase_split_pct: dict = field(default_factory=dict)
@@ -240,8 +242,10 @@ def summarize(run) -> RunSummary:
         step_time_cv=float(measured_times.std(ddof=0) / mean_s) if mean_s else None,
         tokens_per_s=throughput_tokens_per_s(column(measured, "tokens"), measured_times.sum()),
         mfu=time_weighted(column(measured, "mfu"), column(measured, "step_time_s")),
+        flops_per_s=time_weighted(column(measured, "flops_per_s"), column(measured, "step_time_s")),
         peak_mem_allocated_bytes=max_or_none(column(steps, "mem_peak_allocated_bytes")),
         peak_mem_reserved_bytes=max_or_none(column(steps, "mem_reserved_bytes")),
+        peak_rss_bytes=max_or_none(column(steps, "mem_rss_bytes")),
         device_mem_total_bytes=device.get("total_memory_bytes") if device.get("kind") == "cuda" else None,
         gpu_util_mean_pct=mean_or_none(column(samples, "gpu_util_pct")),
         phase_split_pct=phase_split_pct(measured),

@@ -50,12 +50,10 @@ def chain(events: pd.DataFrame, first_step: int | None) -> pd.DataFrame:
 
 
 def bundle_path(run_path: Path, recorded: str) -> Path:
-    """Where the replay bundle is now: the recorded path, or the same file in this run's numerics folder
-    (a run folder that was moved or copied keeps its bundles but not their recorded absolute paths)."""
-    path = Path(recorded)
-    if not path.is_absolute():
-        return run_path / path
-    return path if path.is_relative_to(run_path) else run_path / NUMERICS_DIR / path.name
+    """The replay bundle in this run's numerics folder, where the run format keeps it: the path
+    recorded at training time is relative to that process's working folder, or to a machine the
+    run may since have left."""
+    return run_path / NUMERICS_DIR / Path(recorded).name
 
 
 def replay_bundle(run_path: Path, event: pd.Series) -> Path | None:
