@@ -35,3 +35,8 @@ def test_two_gloo_ranks_hold_identical_parameters(tmp_path):
     assert done.stdout.count("optimized tiny: 3 steps") == 1  # rank 0 alone prints the summary
     run = gpuprof.load_run(tmp_path / "run")
     assert sorted(run.steps["rank"].unique().tolist()) == [0, 1]
+    assert run.meta["distributed"]["backend"] == "gloo"
+    # DDP's own all-reduce timing, which only the DDP wrapper exposes, reaches both ranks' records
+    comm = run.steps.dropna(subset=["ddp_backward_comm_time_s"])
+    assert sorted(comm["rank"].unique().tolist()) == [0, 1]
+    assert (comm["ddp_backward_comm_time_s"] > 0).all()

@@ -289,7 +289,10 @@ def _profiler(session: Session):
     config = session.config
     if config.run_dir is None:
         return _NoProfiler()
+    from torch.nn.parallel import DistributedDataParallel
+
     import gpuprof
+    from gpuprof.capture.distributed import DdpCollector
     from gpuprof.flops import model_flops_per_token
 
     return gpuprof.profile(
@@ -302,5 +305,7 @@ def _profiler(session: Session):
         loss_fn=workload_loss(config.grad_accum),
         on_nonfinite=config.on_nonfinite,
         trace_steps=config.trace_window,
+        # the profile sees the plain model (for names and forensics); DDP's own timing needs the wrapper
+        collectors=[DdpCollector(session.model)] if isinstance(session.model, DistributedDataParallel) else (),
         numerics={"builder": {"name": "gpt2", "config": config.as_dict()}},
     )
