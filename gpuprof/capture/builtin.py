@@ -19,9 +19,11 @@ def builtin_collectors(prof) -> list:
     sampler = SystemSampler(options["sample_interval_s"]) if options["sample_interval_s"] else None
     collectors = [prof.model_info, sampler, MemoryCollector(prof.device, sampler),
                   OomCollector(prof.device, options["memory_history"])]
+    gradients = None
     if prof.model is not None and options["grad_norms"]:
-        collectors.append(GradientCollector(prof.model, prof.optimizer, prof.scaler,
-                                            options["layer_interval"], options["update_ratio_interval"]))
+        gradients = GradientCollector(prof.model, prof.optimizer, prof.scaler,
+                                      options["layer_interval"], options["update_ratio_interval"])
+        collectors.append(gradients)
     if prof.optimizer is not None:
         collectors.append(OptimizerCollector(prof.optimizer, prof.lr_scheduler, prof.scaler))
     if prof.scaler is not None:
@@ -33,7 +35,7 @@ def builtin_collectors(prof) -> list:
 
         collectors.append(NumericsMonitor(
             prof.model, prof.optimizer, prof.scaler, loss_fn=prof.loss_fn, on_nonfinite=options["on_nonfinite"],
-            options=options["numerics"] if isinstance(options["numerics"], dict) else None))
+            options=options["numerics"] if isinstance(options["numerics"], dict) else None, gradients=gradients))
     if options["trace_steps"]:
         collectors.append(TraceCollector(options["trace_steps"], options["record_shapes"],
                                          options["profile_memory"], options["with_stack"]))

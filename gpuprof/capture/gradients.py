@@ -87,6 +87,11 @@ class GradientCollector:
         for handle in self._handles:
             handle.remove()
 
+    @property
+    def latest_norms(self) -> torch.Tensor | None:
+        """Per-parameter gradient norms (unscaled) of the latest backward pass, on the device."""
+        return self._grad_norms
+
     def on_step_start(self, prof, step: int) -> None:
         self._grad_norms, self._passes, self._update_norms = None, 0, None
         self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0

@@ -29,7 +29,12 @@ from gpuprof.numerics.timeline import LayerGradients, ScalerTimeline, SpikeDetec
 logger = logging.getLogger("gpuprof")
 
 POLICIES = ("record", "raise", "skip")
-DEFAULTS = {"state_interval": 50, "keep_state": True, "spike_z": 6.0, "spike_window": 50,
+# keep_state: "every_step" copies the pre-step state of every step (exact replay of any bad step);
+# "when_bad" copies it only once a step is seen to go bad, just before its update (free of per-step
+# cost, but blind to an update that itself overflows); "auto" is "when_bad" on the CPU, where
+# seeing it costs no device sync, and "every_step" on accelerators; False keeps nothing.
+KEEP_STATE = ("auto", "every_step", "when_bad", False)
+DEFAULTS = {"state_interval": 50, "keep_state": "auto", "spike_z": 6.0, "spike_window": 50,
             "max_reports": 1, "layer_factor": 1e3, "builder": None}
 _FLAGS = ("loss", "grads", "params", "optimizer_state", "scaler_overflow")
 PERSISTENT_OVERFLOW_STEPS = 3  # GradScaler skips in a row, after warm-up, that make it a real problem
@@ -48,7 +53,7 @@ class NumericsMonitor:
 
     def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, *,
                  loss_fn: Callable | None = None, on_nonfinite: str = "record",
-                 options: Mapping[str, Any] | None = None):
+                 options: Mapping[str, Any] | None = None, gradients=None):
         from gpuprof.errors import GpuprofError
 
         if on_nonfinite not in POLICIES:
@@ -57,9 +62,12 @@ class NumericsMonitor:
         if unknown:
             raise GpuprofError(f"unknown numerics option(s): {', '.join(sorted(unknown))}")
         self.options = {**DEFAULTS, **(options or {})}
+        if self.options["keep_state"] not in KEEP_STATE:
+            raise GpuprofError(f"numerics keep_state must be one of {KEEP_STATE}, got {self.options['keep_state']!r}")
         self.model, self.optimizer = model, optimizer
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.loss_fn, self.policy = loss_fn, on_nonfinite
+        self._gradients = gradients  # capture's GradientCollector: its norms say whether grads are finite
         self.stop_training: NonFiniteError | None = None
         self._prof = None
         self._keeper: StateKeeper | None = None
@@ -80,10 +88,13 @@ class NumericsMonitor:
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
         self._prof = prof
-        if self.options["keep_state"]:
+        if self.options["keep_state"] is not False:
             self._keeper = StateKeeper(prof.device)
         hook = torch._dynamo.disable(prof.collectors.guard(self, "forward_pre_hook", self._on_forward))
         self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
+        if self._keeps_lazily and self.optimizer is not None:  # before the skip policy's hooks
+            self._handles.append(self.optimizer.register_step_pre_hook(
+                prof.collectors.guard(self, "optimizer_pre_hook", self._keep_if_grads_bad)))
         if self.policy == "skip" and self.optimizer is not None:
             guard = prof.collectors.guard
             self._handles += [
@@ -107,8 +118,12 @@ class NumericsMonitor:
         inputs.batch = state.batch
         self._kept[state.step] = inputs
         flags = self._flags(state, inputs)
-        if self._keeper is not None:
-            self._keeper.freeze_if(flags[: len(_FLAGS)].any())
+        bad = flags[: len(_FLAGS)].any()
+        if self._keeps_lazily:
+            if not inputs.state_kept and bool(bad):  # no update happened, or its gradients looked finite
+                self._keep_state_now(inputs)
+        elif self._keeper is not None:
+            self._keeper.freeze_if(bad)
         return {"_numerics_flags": flags.float(), "_numerics_lr": _first_lr(inputs.hyper)}
 
     def on_step_record(self, prof, record: dict) -> None:
@@ -129,6 +144,37 @@ class NumericsMonitor:
             self._keeper.release(step)
 
     # ------------------------------------------------------------------ always-on path
+    @property
+    def _keeps_lazily(self) -> bool:
+        keep = self.options["keep_state"]
+        return self._keeper is not None and (
+            keep == "when_bad" or (keep == "auto" and self._keeper.device.type == "cpu"))
+
+    def _keep_if_grads_bad(self, optimizer, args, kwargs) -> None:
+        """Just before the update the weights are still those the step started from."""
+        if self._inputs is None:
+            return
+        if not bool(torch.isfinite(self._grad_norms(optimizer)).all()):
+            self._keep_state_now(self._inputs)
+        else:
+            self._inputs.updated_first = True
+
+    def _grad_norms(self, optimizer) -> torch.Tensor:
+        """Per-tensor gradient 2-norms: capture's, when it computed them for this backward pass.
+        (A 2-norm also trips on |g| > 1e19; the only cost of that is one copy not needed.)"""
+        norms = self._gradients.latest_norms if self._gradients is not None else None
+        if norms is not None:
+            return norms
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        return torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
+
+    def _keep_state_now(self, inputs: StepInputs) -> None:
+        model = eager_model(self.model)
+        params = {name for name, _ in model.named_parameters()}
+        tensors = live_tensors(model, self.optimizer, self.scaler)
+        inputs.other_device = self._keeper.refresh(tensors, params, inputs.step, unread_steps=False)
+        inputs.state_kept = True
+
     def _on_forward(self, module, args, kwargs) -> None:
         if not torch.is_grad_enabled():
             return  # evaluation inside the loop is not part of the step
@@ -138,17 +184,18 @@ class NumericsMonitor:
 
     def _begin_step(self, step: int) -> StepInputs:
         model = eager_model(self.model)
-        tensors = live_tensors(model, self.optimizer, self.scaler)
-        params = {name for name, _ in model.named_parameters()}
+        keeps_every_step = self._keeper is not None and not self._keeps_lazily
         other = {}
-        if self._keeper is not None:
+        if keeps_every_step:
+            params = {name for name, _ in model.named_parameters()}
+            tensors = live_tensors(model, self.optimizer, self.scaler)
             other = self._keeper.refresh(tensors, params, step, unread_steps=bool(self._kept))
         self._inputs = StepInputs(
             step=step, rng=rng_states(), hyper=hyperparameters(self.optimizer), other_device=other,
             non_tensor=non_tensor_optimizer_state(model, self.optimizer), training=model.training,
             autocast=_autocast_now(),
         )
-        absmax = self._keeper.param_absmax() if self._keeper is not None else None
+        absmax = self._keeper.param_absmax() if keeps_every_step else None  # the copy just made
         self._inputs.param_absmax = absmax if absmax is not None else _absmax(
             [p.detach() for p in model.parameters() if p.device == self._prof.device], self._prof.device)
         return self._inputs
@@ -231,6 +278,10 @@ class NumericsMonitor:
         if trigger == "scaler_overflow":
             blame.notes.append(f"GradScaler skipped {PERSISTENT_OVERFLOW_STEPS}+ steps in a row up to here (or its "
                                "scale fell below 1); skipped steps leave the weights as they were")
+        if inputs.updated_first:
+            blame.notes.append("the state was kept after this step's update, since its gradients were finite "
+                               "(numerics keep_state 'when_bad'): if the update itself overflowed it shows as "
+                               "phase 'state'; keep_state='every_step' replays it exactly")
         if not blame.reproduced:
             blame.notes.append("the re-run stayed finite: a non-deterministic kernel, or state changed "
                                "outside the model, optimizer and scaler")
@@ -302,6 +353,9 @@ def _autocast_now() -> dict[str, str] | None:
 def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     if not tensors:
         return torch.zeros((), device=device)
+    if device.type == "cpu":  # there the foreach inf-norm is a scalar loop, 5x slower than aminmax
+        extremes = [torch.aminmax(tensor) for tensor in tensors]  # NaN propagates, like the norm
+        return torch.stack([torch.maximum(-low, high) for low, high in extremes]).float().max()
     return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
 
 

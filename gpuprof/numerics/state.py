@@ -101,6 +101,8 @@ class StepInputs:
     forward_calls: list[dict[str, Any]] = field(default_factory=list)  # forensics.forward_call(...)
     batch: Any = None
     param_absmax: torch.Tensor | None = None  # largest |weight| at the start of the step (device)
+    state_kept: bool = False  # lazy keeping (CPU): whether this step's state was copied
+    updated_first: bool = False  # lazy keeping: an update with finite gradients ran before the copy
 
 
 class _FlatCopy:

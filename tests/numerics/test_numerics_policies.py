@@ -102,13 +102,14 @@ def test_hugging_face_loop_needs_no_batch_or_loss_fn(tiny, tmp_path):
     assert "cross_entropy" in event["source"]
 
 
-def test_an_update_that_overflows_is_blamed_on_the_optimizer(tmp_path):
+def _overflowing_update_event(run_dir, keep_state: str) -> dict:
     """Finite gradients, a huge learning rate: the weight turns Inf inside optimizer.step()."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-    with gpuprof.profile(tmp_path, model=model, optimizer=optimizer, sample_interval_s=0,
-                         numerics={"state_interval": 1}, loss_fn=lambda m, x: m(x).pow(2).mean()) as prof:
+    with gpuprof.profile(run_dir, model=model, optimizer=optimizer, sample_interval_s=0,
+                         numerics={"state_interval": 1, "keep_state": keep_state},
+                         loss_fn=lambda m, x: m(x).pow(2).mean()) as prof:
         for step in range(3):
             optimizer.param_groups[0]["lr"] = 1e37 if step == 1 else 1e-6
             x = torch.randn(8, 4) * 100  # gradients in the hundreds: lr * grad passes fp32 max
@@ -117,6 +118,18 @@ def test_an_update_that_overflows_is_blamed_on_the_optimizer(tmp_path):
             optimizer.step()
             optimizer.zero_grad()
             prof.step(loss=loss, batch=x)
-    [event] = events(tmp_path, "nonfinite")
+    [event] = events(run_dir, "nonfinite")
+    return event
+
+
+def test_an_update_that_overflows_is_blamed_on_the_optimizer(tmp_path):
+    event = _overflowing_update_event(tmp_path, keep_state="every_step")
     assert (event["step"], event["trigger"], event["phase"], event["first"]) == (1, "params", "optimizer", "inf")
     assert event["tensor"].split(".")[0] == event["module"] and event["op"].startswith("aten::")
+
+
+def test_state_kept_only_when_bad_says_an_overflowing_update_may_show_as_state(tmp_path):
+    """The CPU default copies no state for healthy steps; the price is this case, which it says."""
+    event = _overflowing_update_event(tmp_path, keep_state="auto")
+    assert (event["step"], event["trigger"], event["phase"]) == (1, "params", "state")
+    assert any("keep_state='every_step' replays it exactly" in note for note in event["notes"])
