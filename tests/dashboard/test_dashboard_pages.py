@@ -48,6 +48,9 @@ def test_run_page_shows_diagnoses_first_then_the_timelines(sample_root, open_pag
     metrics = {metric.label: metric.value for metric in app.metric}
     assert metrics["Tokens/s"] == f"{summary.tokens_per_s:,.0f}"
     assert metrics["Step time p50"] == f"{summary.step_time_p50_s * 1e3:,.1f} ms"
+    # a CPU run has no allocator peak: the headline is the process's peak RSS
+    peak_rss_bytes = run.steps["mem_rss_bytes"].max()
+    assert metrics["Peak memory"] == f"{peak_rss_bytes / 2**30:.2f} GiB" and peak_rss_bytes > 0
     steps = run.steps[run.steps["rank"] == 0]
     throughput = trace_named(app, "tokens/s")
     np.testing.assert_allclose(values(throughput, "y"), steps["tokens_per_s"].dropna())

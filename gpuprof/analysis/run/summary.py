@@ -61,6 +61,11 @@ class RunSummary:
     per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
+    def peak_memory_bytes(self) -> float | None:
+        """The headline peak: the allocator's on a GPU, the process RSS on a CPU."""
+        return self.peak_mem_allocated_bytes if self.peak_mem_allocated_bytes is not None else self.peak_rss_bytes
+
+    @property
     def measured_steps(self) -> int:
         return max(self.n_steps - self.warmup.n_steps, 0)
 

@@ -14,8 +14,8 @@ def headline(comparison) -> None:
     a, b = comparison.a, comparison.b
     speedup = a.step_time_p50_s / b.step_time_p50_s if a.step_time_p50_s and b.step_time_p50_s else None
     throughput = b.tokens_per_s / a.tokens_per_s if a.tokens_per_s and b.tokens_per_s else None
-    saved = (a.peak_mem_allocated_bytes - b.peak_mem_allocated_bytes
-             if a.peak_mem_allocated_bytes is not None and b.peak_mem_allocated_bytes is not None else None)
+    saved = (a.peak_memory_bytes - b.peak_memory_bytes
+             if a.peak_memory_bytes is not None and b.peak_memory_bytes is not None else None)
     columns = st.columns(3)
     columns[0].metric("Speedup (step time p50, A/B)", fmt(speedup, "{:.2f}×"))
     columns[1].metric("Throughput (tokens/s, B/A)", fmt(throughput, "{:.2f}×"))

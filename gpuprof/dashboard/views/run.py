@@ -30,7 +30,8 @@ def headline(entry) -> None:
     columns[0].metric("Step time p50", fmt_ms(summary.step_time_p50_s))
     columns[1].metric("Tokens/s", fmt(summary.tokens_per_s, "{:,.0f}"))
     columns[2].metric("MFU", fmt_pct(summary.mfu))
-    columns[3].metric("Peak memory", fmt_gib(summary.peak_mem_allocated_bytes))
+    columns[3].metric("Peak memory", fmt_gib(summary.peak_memory_bytes),
+                      help="torch's peak allocated on a GPU; the process RSS on a CPU")
     columns[4].metric("GPU utilization", fmt(summary.gpu_util_mean_pct, "{:.0f} %"))
     st.caption(f"Warm-up: {summary.warmup.reason}.")
     for note in entry.notes:

@@ -28,8 +28,8 @@ def _row(entry) -> dict:
         "step p50 ms": summary.step_time_p50_s * 1e3 if summary.step_time_p50_s is not None else None,
         "tokens/s": summary.tokens_per_s,
         "MFU %": summary.mfu * 100 if summary.mfu is not None else None,
-        "peak memory GiB": (summary.peak_mem_allocated_bytes / GIB
-                            if summary.peak_mem_allocated_bytes is not None else None),
+        "peak memory GiB": (summary.peak_memory_bytes / GIB
+                            if summary.peak_memory_bytes is not None else None),
         "critical": severities.count("critical"),
         "warnings": severities.count("warning"),
     }
