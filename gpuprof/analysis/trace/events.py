@@ -39,9 +39,10 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
 def drop_last_step(events: pd.DataFrame, include_last_step: bool) -> pd.DataFrame:
     """HTA's default analysis window: host events before the last profiler step starts and
     the device events they launched. With `include_last_step`, host events up to the end
-    of the last step. Traces with fewer than two steps are kept whole, as in HTA."""
+    of the last step. Traces with fewer than two steps are kept whole, as in HTA, and so are
+    traces whose steps all start at once (dropping the last would leave no window at all)."""
     steps = profiler_steps(events)
-    if len(steps) < 2:
+    if steps["ts_us"].nunique() < 2:
         return events
     host = ~events["is_device"].to_numpy()
     if include_last_step:
