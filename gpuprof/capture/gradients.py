@@ -44,11 +44,14 @@ def tensor_norms(tensors: list[torch.Tensor | None]) -> torch.Tensor:
             by_group[(tensor.device, tensor.dtype)].append(index)
     if len(by_group) == 1 and len(present) == len(tensors):
         return torch.stack(torch._foreach_norm(present)).float()
-    norms = torch.zeros(len(tensors), dtype=torch.float32, device=device)
+    # assembled by stacking, not `norms[indices] = ...`: a list index is copied to the device
+    # with a blocking copy, a host-device sync on every backward pass
+    parts = [torch.zeros((), dtype=torch.float32, device=device)] * len(tensors)
     for indices in by_group.values():
-        group_norms = torch._foreach_norm([tensors[i] for i in indices])
-        norms[indices] = torch.stack([n.to(device) for n in group_norms]).float()
-    return norms
+        group_norms = torch.stack(torch._foreach_norm([tensors[i] for i in indices])).to(device).float()
+        for index, norm in zip(indices, group_norms.unbind()):
+            parts[index] = norm
+    return torch.stack(parts)
 
 
 def _combine(norms: list[float], indices: list[int]) -> float:
