@@ -25,7 +25,7 @@ def _to_python(values: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> A
 class PendingRecord:
     def __init__(self, fields: Mapping[str, Any]):
         self.fields = dict(fields)
-        self._device_keys: list[tuple[str, torch.dtype, torch.Size, int, int]] = []
+        self._device_slots: dict[str, tuple[torch.dtype, torch.Size, int, int]] = {}
         self._host_buffer: torch.Tensor | None = None
         self._ready_event = None
         self._pack_device_tensors()
@@ -38,7 +38,7 @@ class PendingRecord:
             elif isinstance(value, torch.Tensor):
                 device = device or value.device
                 flat = value.detach().reshape(-1).to(device=device, dtype=torch.float64)
-                self._device_keys.append((key, value.dtype, value.shape, offset, offset + flat.numel()))
+                self._device_slots[key] = (value.dtype, value.shape, offset, offset + flat.numel())
                 parts.append(flat)
                 offset += flat.numel()
         if not parts:
@@ -54,10 +54,9 @@ class PendingRecord:
 
     def resolve(self) -> dict[str, Any]:
         record = {}
-        device_slots = {key: (dtype, shape, start, end) for key, dtype, shape, start, end in self._device_keys}
         for key, value in self.fields.items():
-            if key in device_slots:
-                dtype, shape, start, end = device_slots[key]
+            if key in self._device_slots:
+                dtype, shape, start, end = self._device_slots[key]
                 value = _to_python(self._host_buffer[start:end], dtype, shape)
             elif callable(value):
                 value = value()

@@ -76,9 +76,9 @@ class ModelInfo:
         if not self._explicit_flops and self.model is not None and self.seq_len:
             self.flops_per_token = flops.model_flops_per_token(self.model, self.seq_len)
         if self._device is not None and self._device.type == "cuda" and self.dtype:
-            tf32 = self.dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
             name = torch.cuda.get_device_name(self._device)
-            self.peak_flops_per_s = hardware.peak_flops_per_s(name, "tf32" if tf32 else self.dtype)
+            compute = hardware.dtype_name(self.dtype, allow_tf32=torch.backends.cuda.matmul.allow_tf32)
+            self.peak_flops_per_s = hardware.peak_flops_per_s(name, compute)
 
     def _remove_hook(self) -> None:
         if self._hook is not None:

@@ -14,6 +14,7 @@ as a `nonfinite` event plus a replay bundle in RUN/numerics/.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Callable, Mapping
 
 import torch
@@ -30,8 +31,9 @@ logger = logging.getLogger("gpuprof")
 
 POLICIES = ("record", "raise", "skip")
 # keep_state: "every_step" copies the pre-step state of every step (exact replay of any bad step);
-# "when_bad" copies it only once a step is seen to go bad, just before its update (free of per-step
-# cost, but blind to an update that itself overflows); "auto" is "when_bad" on the CPU, where
+# "when_bad" copies it only once a step is seen to go bad, just before its update (no copy per step,
+# but it reads the flags at once, a sync per step on a GPU, and is blind to an update that itself
+# overflows); "auto" is "when_bad" on the CPU, where
 # seeing it costs no device sync, and "every_step" on accelerators; False keeps nothing.
 KEEP_STATE = ("auto", "every_step", "when_bad", False)
 DEFAULTS = {"state_interval": 50, "keep_state": "auto", "spike_z": 6.0, "spike_window": 50,
@@ -73,7 +75,7 @@ class NumericsMonitor:
         self._keeper: StateKeeper | None = None
         self._inputs: StepInputs | None = None
         self._kept: dict[int, StepInputs] = {}
-        self._history: list[dict[str, Any]] = []
+        self._history: deque[dict[str, Any]] = deque(maxlen=100)
         self._reports = 0
         self._later_bad_steps = 0
         self._handles: list = []
@@ -118,19 +120,18 @@ class NumericsMonitor:
         inputs.batch = state.batch
         self._kept[state.step] = inputs
         flags = self._flags(state, inputs)
-        bad = flags[: len(_FLAGS)].any()
-        if self._keeps_lazily:
-            if not inputs.state_kept and bool(bad):  # no update happened, or its gradients looked finite
+        if self._keeper is not None:
+            bad = flags[: len(_FLAGS)].any()
+            if not self._keeps_lazily:
+                self._keeper.freeze_if(bad)
+            elif not inputs.state_kept and bool(bad):  # no update happened, or its gradients looked finite
                 self._keep_state_now(inputs)
-        elif self._keeper is not None:
-            self._keeper.freeze_if(bad)
         return {"_numerics_flags": flags.float(), "_numerics_lr": _first_lr(inputs.hyper)}
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]
         values = record.get("_numerics_flags") or [0.0] * (len(_FLAGS) + 1)
         self._history.append({"step": step, "param_absmax": values[-1], "lr": record.get("_numerics_lr")})
-        self._history = self._history[-100:]
         for event in self._observe(step, record):
             prof.event(event["kind"], event["message"], severity=event["severity"], step=event["step"],
                        **event["details"])
@@ -165,15 +166,18 @@ class NumericsMonitor:
         norms = self._gradients.latest_norms if self._gradients is not None else None
         if norms is not None:
             return norms
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = _grads(optimizer)
         return torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
 
     def _keep_state_now(self, inputs: StepInputs) -> None:
-        model = eager_model(self.model)
+        inputs.other_device = self._refresh_keeper(eager_model(self.model), inputs.step, unread_steps=False)
+        inputs.state_kept = True
+
+    def _refresh_keeper(self, model: torch.nn.Module, step: int, unread_steps: bool) -> dict[str, torch.Tensor]:
+        """Copies the live state into the keeper; returns the tensors kept per step instead."""
         params = {name for name, _ in model.named_parameters()}
         tensors = live_tensors(model, self.optimizer, self.scaler)
-        inputs.other_device = self._keeper.refresh(tensors, params, inputs.step, unread_steps=False)
-        inputs.state_kept = True
+        return self._keeper.refresh(tensors, params, step, unread_steps=unread_steps)
 
     def _on_forward(self, module, args, kwargs) -> None:
         if not torch.is_grad_enabled():
@@ -185,11 +189,7 @@ class NumericsMonitor:
     def _begin_step(self, step: int) -> StepInputs:
         model = eager_model(self.model)
         keeps_every_step = self._keeper is not None and not self._keeps_lazily
-        other = {}
-        if keeps_every_step:
-            params = {name for name, _ in model.named_parameters()}
-            tensors = live_tensors(model, self.optimizer, self.scaler)
-            other = self._keeper.refresh(tensors, params, step, unread_steps=bool(self._kept))
+        other = self._refresh_keeper(model, step, unread_steps=bool(self._kept)) if keeps_every_step else {}
         self._inputs = StepInputs(
             step=step, rng=rng_states(), hyper=hyperparameters(self.optimizer), other_device=other,
             non_tensor=non_tensor_optimizer_state(model, self.optimizer), training=model.training,
@@ -221,7 +221,7 @@ class NumericsMonitor:
 
     # ------------------------------------------------------------------ skip policy
     def _check_grads(self, optimizer, args, kwargs) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = _grads(optimizer)
         self._skip_bad = _any_nonfinite(grads, self._prof.device) if grads else None
 
     def _undo_bad_update(self, optimizer, args, kwargs) -> None:
@@ -335,6 +335,10 @@ class _OverflowStreak:
         self._previous.copy_(scale)
         persistent = self._warmed_up & (self._streak >= PERSISTENT_OVERFLOW_STEPS)
         return persistent | (scale < 1).reshape(())
+
+
+def _grads(optimizer) -> list[torch.Tensor]:
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
 def _first_lr(hyper: list[dict]) -> float | None:
