@@ -9,7 +9,6 @@ import json
 import math
 
 JSON_SCHEMA_VERSION = 1
-PHASE_ORDER = ("data", "forward", "backward", "optimizer", "other")
 
 
 def fmt(value, unit: str = "") -> str:
@@ -32,8 +31,10 @@ def fmt(value, unit: str = "") -> str:
 
 
 def summary_lines(summary) -> list[str]:
+    from gpuprof.analysis.run.summary import PHASES  # lazily: the CLI parser imports this module
+
     health = summary.health
-    phases = "  ".join(f"{phase} {fmt(summary.phase_split_pct.get(phase), '%')}" for phase in PHASE_ORDER)
+    phases = "  ".join(f"{phase} {fmt(summary.phase_split_pct.get(phase), '%')}" for phase in PHASES)
     gpu_note = "" if summary.device_kind == "cuda" else " (CPU run)"
     return [
         f"Run {summary.name}  ({summary.status}, {summary.world_size} rank(s), {summary.device_name or summary.device_kind})",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import pandas as pd
 
-from gpuprof.analysis.run.summary import RunSummary, after_warmup, column, measured_samples, summarize
+from gpuprof.analysis.run.summary import RunSummary, after_warmup, column, measured_samples, primary_device, summarize
 from gpuprof.errors import GpuprofError
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ def parse_capability(value) -> tuple[int, int] | None:
 class RunContext:
     run: object
     summary: RunSummary
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, run) -> "RunContext":
@@ -59,8 +60,13 @@ class RunContext:
         return "warning" if self.on_gpu else "info"
 
     @property
+    def device(self) -> dict:
+        """The run's first device, as the summary describes it ({} when none was recorded)."""
+        return primary_device(self.run.meta)
+
+    @property
     def has_tensor_cores(self) -> bool:
-        capability = parse_capability((self.run.meta.get("devices") or [{}])[0].get("capability"))
+        capability = parse_capability(self.device.get("capability"))
         return self.on_gpu and capability is not None and capability >= TENSOR_CORE_MIN_CAPABILITY
 
     @cached_property
@@ -73,6 +79,12 @@ class RunContext:
         """Device rows of the system samples taken during measured steps."""
         samples = measured_samples(self.run.system, self.run.steps, self.summary.warmup)
         return samples[column(samples, "device_index").notna()] if not samples.empty else samples
+
+    def memo(self, key: str, compute):
+        """`compute()`, computed once per run for views that more than one rule derives."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def config_value(self, *keys: str):
         """The first of `keys` present in the run's config (workloads name their knobs differently)."""

@@ -59,6 +59,8 @@ class RunSummary:
     phase_split_pct: dict = field(default_factory=dict)
     health: dict = field(default_factory=dict)
     per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Run-level time of every recorded step, warm-up included (see `step_times`); not in to_dict.
+    step_times: pd.Series = field(default_factory=lambda: pd.Series(dtype=float), repr=False)
 
     @property
     def peak_memory_bytes(self) -> float | None:
@@ -69,8 +71,12 @@ class RunSummary:
     def measured_steps(self) -> int:
         return max(self.n_steps - self.warmup.n_steps, 0)
 
+    @property
+    def measured_step_times(self) -> pd.Series:
+        return after_warmup_times(self.step_times, self.warmup)
+
     def to_dict(self) -> dict:
-        data = {key: getattr(self, key) for key in self.__dataclass_fields__ if key != "per_rank"}
+        data = {key: getattr(self, key) for key in self.__dataclass_fields__ if key not in ("per_rank", "step_times")}
         data["warmup"] = dict(vars(self.warmup))
         data["measured_steps"] = self.measured_steps
         data["per_rank"] = self.per_rank.to_dict(orient="records")
@@ -116,6 +122,11 @@ def after_warmup(frame: pd.DataFrame, warmup: Warmup) -> pd.DataFrame:
     if frame.empty or "step" not in frame.columns:
         return frame
     return frame[pd.to_numeric(frame["step"], errors="coerce") >= warmup.first_measured_step]
+
+
+def after_warmup_times(times: pd.Series, warmup: Warmup) -> pd.Series:
+    """The entries of a `step_times` series that belong to measured (post-warm-up) steps."""
+    return times[times.index >= warmup.first_measured_step]
 
 
 def measured_window_start_s(steps: pd.DataFrame, warmup: Warmup) -> float | None:
@@ -227,7 +238,7 @@ def summarize(run) -> RunSummary:
     times = step_times(steps)
     warmup = detect_warmup(times)
     measured = after_warmup(steps, warmup)
-    measured_times = times[times.index >= warmup.first_measured_step]
+    measured_times = after_warmup_times(times, warmup)
     mean_s = float(measured_times.mean()) if len(measured_times) else None
     samples = measured_samples(run.system, steps, warmup)
     device = primary_device(run.meta)
@@ -256,6 +267,7 @@ def summarize(run) -> RunSummary:
         phase_split_pct=phase_split_pct(measured),
         health=health(steps),
         per_rank=per_rank(measured) if not measured.empty else pd.DataFrame(),
+        step_times=times,
     )
 
 

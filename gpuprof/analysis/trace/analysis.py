@@ -34,8 +34,12 @@ class TraceAnalysis:
     def overview(self) -> pd.DataFrame:
         return events.overview(self.trace)
 
-    def temporal_breakdown(self) -> pd.DataFrame:
+    @cached_property
+    def _temporal(self) -> pd.DataFrame:
         return temporal.temporal_breakdown(self.trace)
+
+    def temporal_breakdown(self) -> pd.DataFrame:
+        return self._temporal.copy()
 
     @cached_property
     def _steps(self) -> pd.DataFrame:

@@ -71,6 +71,8 @@ SYNC_CALL_RE = re.compile(
 )
 ASYNC_COPY_CALL_RE = re.compile(r"^(cuda|hip)Memcpy(Async|2DAsync|DtoHAsync)$")
 DEVICE_TO_HOST_RE = re.compile(r"DtoH|Device -> Pageable|Device -> Pinned|DeviceToHost")
+# Copies to or from pageable (unpinned) host memory, e.g. "Memcpy HtoD (Pageable -> Device)".
+PAGEABLE_COPY_RE = re.compile(r"Pageable")
 
 # CPU-side markers for the step-time breakdown.
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)|DataLoader.*__next__|^data$")
@@ -91,6 +93,20 @@ def kernel_type(name: str) -> str:
 
 def kind_of_cat(cat) -> str:
     return KIND_BY_CAT.get(cat, "other")
+
+
+def event_kinds(cats: pd.Series) -> pd.Series:
+    """The kind (one of KINDS) of each event, from its Chrome-trace category."""
+    return map_categories(cats, kind_of_cat, KINDS)
+
+
+def kernel_types(names: pd.Series, kinds: pd.Series) -> pd.Series:
+    """HTA's kernel type of each event: by name for kernels, "memory" for memcpys and
+    memsets, none for host events."""
+    types = map_categories(names, kernel_type, KERNEL_TYPES)
+    types[kinds.isin(("memcpy", "memset")).to_numpy()] = "memory"
+    types[~kinds.isin(DEVICE_KINDS).to_numpy()] = None
+    return types
 
 
 def map_categories(values: pd.Series, function, categories) -> pd.Series:

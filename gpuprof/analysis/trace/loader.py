@@ -25,14 +25,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuprof.analysis.trace.classify import (
-    DEVICE_KINDS,
-    KERNEL_TYPES,
-    KINDS,
-    kernel_type,
-    kind_of_cat,
-    map_categories,
-)
+from gpuprof.analysis.trace.classify import DEVICE_KINDS, event_kinds, kernel_types
 from gpuprof.analysis.trace.jsonstream import decode_trace
 from gpuprof.errors import TraceFormatError
 
@@ -255,12 +248,9 @@ def _rank_trace(rank: int, item: dict, base: float) -> RankTrace:
     for key in _Columns.INTEGERS:
         data[key] = columns.pop(key)[order]
     frame = pd.DataFrame(data, copy=False)
-    frame["kind"] = map_categories(frame["cat"], kind_of_cat, KINDS)
+    frame["kind"] = event_kinds(frame["cat"])
     frame["is_device"] = frame["kind"].isin(DEVICE_KINDS).to_numpy()
-    types = map_categories(frame["name"], kernel_type, KERNEL_TYPES)
-    types[frame["kind"].isin(("memcpy", "memset")).to_numpy()] = "memory"
-    types[~frame["is_device"].to_numpy()] = None
-    frame["kernel_type"] = types
+    frame["kernel_type"] = kernel_types(frame["name"], frame["kind"])
     return RankTrace(
         rank=rank,
         events=frame,

@@ -46,7 +46,8 @@ def spikes(ctx, name: str, kind: str) -> list[dict]:
 
 
 def block_outliers(ctx, kind: str) -> list[dict]:
-    return detector_events(ctx, (kind,), lambda: replay_blocks(ctx.run.layers))
+    # One replay yields both exploding and vanishing events: run it once for both rules.
+    return detector_events(ctx, (kind,), lambda: ctx.memo("replayed_blocks", lambda: replay_blocks(ctx.run.layers)))
 
 
 def event_summary(events: list[dict]) -> list[dict]:

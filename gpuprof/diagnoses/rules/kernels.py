@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuprof.analysis.trace.classify import PAGEABLE_COPY_RE, matches
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
@@ -10,7 +11,6 @@ from gpuprof.diagnoses.registry import rule
 LAUNCH_BOUND_IDLE_PCT = 30.0
 LAUNCH_BOUND_SHORT_KERNEL_PCT = 50.0
 PAGEABLE_WARNING_PCT_OF_STEP = 1.0
-PAGEABLE_COPY = "Pageable"
 
 
 def worst_rank(frame, column: str):
@@ -60,7 +60,7 @@ def pageable_memcpy(ctx):
     if trace is None:
         return None
     kernels = trace.top_kernels(limit=None)
-    pageable = kernels[kernels["name"].str.contains(PAGEABLE_COPY, regex=False)]
+    pageable = kernels[matches(kernels["name"], PAGEABLE_COPY_RE)]
     if pageable.empty:
         return None
     steps = trace.step_breakdown()

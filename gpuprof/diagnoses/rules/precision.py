@@ -35,7 +35,7 @@ def fp32_matmul(ctx):
     idle_tensor_cores = tensor_core_pct is not None and tensor_core_pct < TENSOR_CORE_MATMUL_MIN_PCT
     if not (idle_tensor_cores or (fp32_config and tensor_core_pct is None)):
         return None
-    device = ctx.meta["devices"][0]
+    device = ctx.device
     return Finding(
         rule="fp32-matmul",
         severity="warning",

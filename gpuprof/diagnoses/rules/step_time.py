@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.summary import step_times
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
@@ -19,7 +18,7 @@ def step_time_variance(ctx):
         return None
     if summary.step_time_cv < STEP_TIME_CV_WARNING:
         return None
-    times = step_times(ctx.measured)
+    times = summary.measured_step_times
     slow = times[times > summary.step_time_p90_s]
     return Finding(
         rule="step-time-variance",
@@ -47,7 +46,7 @@ def warmup_pollution(ctx):
     summary = ctx.summary
     if not summary.warmup.n_steps or not summary.step_time_mean_s:
         return None
-    all_mean_s = float(step_times(ctx.run.steps).mean())
+    all_mean_s = float(summary.step_times.mean())
     inflation_pct = 100 * (all_mean_s / summary.step_time_mean_s - 1)
     if inflation_pct < WARMUP_INFLATION_INFO_PCT:
         return None
