@@ -49,6 +49,7 @@ def _summary_html(summary) -> str:
     figures = {
         "steps": summary.n_steps, "step time p50 s": summary.step_time_p50_s, "tokens/s": summary.tokens_per_s,
         "MFU": summary.mfu, "peak memory allocated bytes": summary.peak_mem_allocated_bytes,
+        "peak process RSS bytes": summary.peak_rss_bytes,
         "GPU utilization %": summary.gpu_util_mean_pct, "warm-up": summary.warmup.reason,
     }
     rows = "".join(

@@ -60,8 +60,12 @@ def _watched(page: str, entries: list[data.RunEntry], selected: list[str]) -> li
     return entries if page == "Runs" else [entry for entry in entries if entry.name in selected]
 
 
-def _page_body(root, page: str, selected: list[str], refreshing: bool) -> None:
-    entries = data.catalog(root)
+def _page_body(root, page: str, selected: list[str], refreshing: bool,
+               entries: list[data.RunEntry] | None = None) -> None:
+    """The page itself. `entries`: the catalog this script run already read; a live fragment's
+    periodic rerun passes none and reads the folder afresh."""
+    if entries is None:
+        entries = data.catalog(root)
     by_name = {entry.name: entry for entry in entries}
     PAGES[page](root=root, entries=entries, selected=[by_name[name] for name in selected if name in by_name])
     if refreshing and not any(entry.live for entry in _watched(page, entries, selected)):
@@ -78,12 +82,11 @@ def main() -> None:
     entries = data.catalog(root)
     page, selected, interval_s = _sidebar(entries)
     refreshing = bool(interval_s) and any(entry.live for entry in _watched(page, entries, selected))
-    body = partial(_page_body, root, page, selected, refreshing)
     if refreshing:
         st.caption(f"Live: refreshing every {interval_s:g} s.")
-        st.fragment(body, run_every=interval_s)()
+        st.fragment(partial(_page_body, root, page, selected, refreshing), run_every=interval_s)()
     else:
-        body()
+        _page_body(root, page, selected, refreshing, entries)
 
 
 main()

@@ -238,10 +238,12 @@ def file_signature(files: list[Path]) -> tuple:
 def trace_windows(entry: RunEntry) -> dict[str, list[Path]]:
     """The run's trace files grouped by window: the same path but for the rank makes one window
     (`traces/steps-10-12/rank-*.pt.trace.json.gz`)."""
+    from gpuprof.run.reader import load_run
     from gpuprof.run.schema import TRACES_DIR
 
     windows: dict[str, list[Path]] = {}
-    for file in entry.load().trace_files:
+    # a listing of the traces folder: a fresh reader (meta only), not a copy of the cached timelines
+    for file in load_run(entry.path).trace_files:
         relative = Path(file).relative_to(entry.path / TRACES_DIR).as_posix()
         windows.setdefault(RANK_IN_NAME.sub("rank-*", relative), []).append(Path(file))
     return windows
