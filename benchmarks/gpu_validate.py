@@ -372,19 +372,13 @@ def section_overhead(bench: Bench) -> dict:
     """overhead.py's timed blocks on the optimized model, bare and captured, order alternating per rep."""
     workbench, plan = bench.workbench, bench.plan
     timing = argparse.Namespace(steps=plan.overhead_steps, clock="wall")
-    reps = []
-    for rep in range(plan.overhead_reps):
-        times = {}
-        for mode in ("bare", "capture") if rep % 2 == 0 else ("capture", "bare"):
-            if mode == "bare":
-                times[mode] = overhead.timed_block(overhead.Bare(), timing, workbench.model, workbench.optimizer,
-                                                   workbench.tokens, bench.device, workbench.dtype)
-            else:
-                with workbench.profile(bench.runs / "overhead" / f"rep-{rep}") as prof:
-                    times[mode] = overhead.timed_block(prof, timing, workbench.model, workbench.optimizer,
-                                                       workbench.tokens, bench.device, workbench.dtype)
-        reps.append({"bare_step_s": times["bare"], "capture_step_s": times["capture"],
-                     "ratio": times["capture"] / times["bare"]})
+    blocks = overhead.interleaved_blocks(
+        plan.overhead_reps,
+        lambda prof: overhead.timed_block(prof, timing, workbench.model, workbench.optimizer, workbench.tokens,
+                                          bench.device, workbench.dtype),
+        lambda rep: workbench.profile(bench.runs / "overhead" / f"rep-{rep}"))
+    reps = [{"bare_step_s": bare, "capture_step_s": capture, "ratio": capture / bare}
+            for _, bare, capture in blocks]
     overhead_pct = 100 * (statistics.median(rep["ratio"] for rep in reps) - 1)
     return {"reps": reps, "steps_per_block": plan.overhead_steps,
             "tokens_per_step": workbench.tokens.numel(),

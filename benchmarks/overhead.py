@@ -58,6 +58,21 @@ def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device) -> No
         prof.step(loss=loss, tokens=batch.numel())
 
 
+def interleaved_blocks(reps: int, block, open_run):
+    """Per repetition, one bare and one captured block, which goes first alternating:
+    yields (rep, bare seconds, capture seconds). `block(prof)` times one block;
+    `open_run(rep)` opens the capture run of repetition `rep`."""
+    for rep in range(reps):
+        times = {}
+        for mode in (("bare", "capture") if rep % 2 == 0 else ("capture", "bare")):
+            if mode == "bare":
+                times[mode] = block(Bare())
+            else:
+                with open_run(rep) as prof:
+                    times[mode] = block(prof)
+        yield rep, times["bare"], times["capture"]
+
+
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
@@ -103,19 +118,14 @@ def main() -> None:
 
     ratios, bare_s, capture_s = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.reps):
-            times = {}
-            for mode in (("bare", "capture") if rep % 2 == 0 else ("capture", "bare")):
-                if mode == "bare":
-                    times[mode] = timed_block(Bare(), args, model, optimizer, tokens, device, dtype)
-                else:
-                    with gpuprof.profile(Path(tmp) / f"run-{rep}", model=model, optimizer=optimizer,
-                                         **options) as prof:
-                        times[mode] = timed_block(prof, args, model, optimizer, tokens, device, dtype)
-            bare_s.append(times["bare"])
-            capture_s.append(times["capture"])
-            ratios.append(times["capture"] / times["bare"])
-            print(f"rep {rep}: bare {times['bare'] * 1e3:.2f} ms/step, capture {times['capture'] * 1e3:.2f} ms/step, "
+        blocks = interleaved_blocks(
+            args.reps, lambda prof: timed_block(prof, args, model, optimizer, tokens, device, dtype),
+            lambda rep: gpuprof.profile(Path(tmp) / f"run-{rep}", model=model, optimizer=optimizer, **options))
+        for rep, bare, capture in blocks:
+            bare_s.append(bare)
+            capture_s.append(capture)
+            ratios.append(capture / bare)
+            print(f"rep {rep}: bare {bare * 1e3:.2f} ms/step, capture {capture * 1e3:.2f} ms/step, "
                   f"ratio {ratios[-1]:.4f}", flush=True)
     median_pct = (statistics.median(ratios) - 1) * 100
     best_pct = (min(capture_s) / min(bare_s) - 1) * 100  # fastest block of each: least disturbed by neighbours

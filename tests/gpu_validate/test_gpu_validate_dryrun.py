@@ -76,8 +76,10 @@ def test_reference_figures_are_the_recorded_runs_summaries(dry_run):
 def test_overhead_is_the_median_of_interleaved_pairs(dry_run):
     out, results, _ = dry_run
     overhead = results["sections"]["overhead"]
-    ratios = [rep["capture_step_s"] / rep["bare_step_s"] for rep in overhead["reps"]]
-    assert [rep["ratio"] for rep in overhead["reps"]] == pytest.approx(ratios, rel=1e-4)
+    ratios = [rep["ratio"] for rep in overhead["reps"]]
+    assert ratios == pytest.approx([rep["capture_step_s"] / rep["bare_step_s"] for rep in overhead["reps"]], rel=1e-4)
+    # from the recorded ratios: recomputing them from step times rounded to 1e-6 s adds an error
+    # that grows with the ratio, which a loaded machine pushes past the tolerance
     assert overhead["overhead_pct"] == pytest.approx(100 * (statistics.median(ratios) - 1), abs=1e-3)
     assert overhead["within_target"] == (overhead["overhead_pct"] <= overhead["target_pct"])
     captured = sorted((out / "runs" / "overhead").iterdir())
