@@ -1,14 +1,22 @@
-"""Always-on capture overhead: the same training loop bare and under gpuprof.profile, interleaved.
+"""Capture overhead as a user sees it: the wall time of the same loop bare and under gpuprof.profile.
 
-Each repetition runs `--steps` timed steps bare and `--steps` with capture (which goes first
-alternates), on the same model and optimizer in one process, after one untimed warm-up step
-per block. The overhead is the median over repetitions of (capture / bare - 1), per step,
-and the ratio of the fastest blocks (steadier on a busy machine);
-opening and closing the run (thread start, Parquet compaction) is outside the timed steps.
+The headline is wall time, with torch's default thread count, the background sampler on and every
+default of `gpuprof.profile(run_dir, model=model, optimizer=optimizer)` on (NaN checks included).
+Bare and captured blocks of `--steps` steps alternate (which goes first alternating per pair), on
+the same model and optimizer in one process, each after one untimed warm-up step; opening and
+closing the run (thread start, Parquet compaction) is outside the timed steps and reported apart.
+Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, and process CPU time
+(all threads) as an extra column.
 
-    .venv/bin/python benchmarks/overhead.py --model tiny --reps 7 --steps 20
-    .venv/bin/python benchmarks/overhead.py --model tiny --threads 1 --clock cpu   # on a busy shared machine
-    .venv/bin/python benchmarks/overhead.py --model 124m --reps 4 --steps 3 --batch 1 --seq 256
+`--components` adds a table in microseconds per step:
+  timer   one captured block with a timer around every gpuprof hook (self time, per part); the
+          sampler's thread is timed on its own thread
+  switch  the parts switched on one at a time, each as interleaved pairs against bare: the increase
+          in wall time per step over the configuration before
+
+    .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
+    .venv/bin/python benchmarks/overhead.py --components timer switch
+    .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
 """
 
@@ -16,8 +24,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,11 +37,28 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpuprof
+from gpuprof.capture.backward import BackwardWatcher
+from gpuprof.capture.collector import CollectorSet
+from gpuprof.capture.profiler import Profiler
+from gpuprof.capture.system import SystemSampler
+from gpuprof.numerics.monitor import NumericsMonitor
+from gpuprof.numerics.tape import Tape
+from gpuprof.run.writer import StreamWriter
 
 MODELS = {
     "tiny": dict(n_layer=2, n_embd=128, n_head=4, vocab_size=256, n_positions=1024),
     "124m": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
 }
+# `--components switch`: each configuration adds one part to the one before (gpuprof.profile options).
+CONFIGURATIONS = {
+    "timing, step records, writer": dict(grad_norms=False, numerics=False, sample_interval_s=0),
+    "+ gradient norms": dict(numerics=False, sample_interval_s=0),
+    "+ numerics flags": dict(numerics={"keep_state": False}, sample_interval_s=0),
+    "+ state keeping (numerics default)": dict(sample_interval_s=0),
+    "+ sampler (all defaults)": dict(),
+}
+# `--components switch`, then: all defaults with one part made a no-op, for parts no option switches off.
+PATCHED_OUT = {"numerics tape's loss window (a TorchFunctionMode)": (Tape, "_enter_window")}
 
 
 class Bare:
@@ -43,15 +71,17 @@ class Bare:
         pass
 
 
-def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device) -> None:
+def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device, marked: bool = True) -> None:
+    """`steps` optimizer steps; `marked`: with prof.phase() around data, forward, backward, optimizer."""
+    phase = prof.phase if marked else Bare().phase
     for _ in range(steps):
-        with prof.phase("data"):
+        with phase("data"):
             batch = tokens.to(device, non_blocking=True)
-        with prof.phase("forward"), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        with phase("forward"), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = model(input_ids=batch, labels=batch).loss
-        with prof.phase("backward"):
+        with phase("backward"):
             loss.backward()
-        with prof.phase("optimizer"):
+        with phase("optimizer"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -76,17 +106,255 @@ def interleaved_blocks(reps: int, block, open_run):
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def timed_block(prof, args, model, optimizer, tokens, device, dtype) -> float:
-    """Seconds per step over `args.steps` steps, after one warm-up step."""
-    clock = CLOCKS[args.clock]
-    train_steps(prof, model, optimizer, tokens, 1, dtype, device)
+def timed_block(prof, args, model, optimizer, tokens, device, dtype, marked: bool = True) -> float:
+    """Seconds per step on `args.clock` over `args.steps` steps, after one warm-up step."""
+    return timed_steps(prof, args.steps, model, optimizer, tokens, device, dtype, marked)[args.clock]
+
+
+def timed_steps(prof, steps: int, model, optimizer, tokens, device, dtype, marked: bool) -> dict[str, float]:
+    """Seconds per step on every clock over `steps` steps, after one warm-up step."""
+    train_steps(prof, model, optimizer, tokens, 1, dtype, device, marked)
+    _synchronize(device)
+    start = {name: clock() for name, clock in CLOCKS.items()}
+    train_steps(prof, model, optimizer, tokens, steps, dtype, device, marked)
+    _synchronize(device)
+    return {name: (clock() - start[name]) / steps for name, clock in CLOCKS.items()}
+
+
+def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = clock()
-    train_steps(prof, model, optimizer, tokens, args.steps, dtype, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (clock() - start) / args.steps
+
+
+class Pairs:
+    """Interleaved bare/captured pairs of one configuration, and what they add up to."""
+
+    def __init__(self):
+        self.bare: list[dict[str, float]] = []
+        self.capture: list[dict[str, float]] = []
+        self.open_close_s: list[float] = []
+
+    def ratios(self, clock: str = "wall") -> list[float]:
+        return [c[clock] / b[clock] for b, c in zip(self.bare, self.capture)]
+
+    def median_ratio(self, clock: str = "wall") -> float:
+        return statistics.median(self.ratios(clock))
+
+    def spread(self, clock: str = "wall") -> tuple[float, float]:
+        """p10 and p90 of the per-pair ratios (the extremes with fewer than 10 pairs)."""
+        ratios = sorted(self.ratios(clock))
+        if len(ratios) < 10:
+            return ratios[0], ratios[-1]
+        deciles = statistics.quantiles(ratios, n=10, method="inclusive")
+        return deciles[0], deciles[-1]
+
+    def step_s(self, which: str, clock: str = "wall") -> float:
+        return statistics.median(block[clock] for block in getattr(self, which))
+
+    def added_us_per_step(self) -> float:
+        """Median over pairs of (captured - bare) wall seconds per step, in microseconds."""
+        return statistics.median(c["wall"] - b["wall"] for b, c in zip(self.bare, self.capture)) * 1e6
+
+
+class Bench:
+    """One model, optimizer and batch, bare and captured in turn."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path):
+        self.args, self.tmp = args, tmp
+        self.device = torch.device(args.device)
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+        torch.manual_seed(0)
+        config = GPT2Config(**MODELS[args.model], bos_token_id=0, eos_token_id=0)
+        self.model = GPT2LMHeadModel(config).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+        if self.device.type == "cuda":
+            self.tokens = self.tokens.pin_memory()
+        self._runs = 0
+
+    def block(self, prof) -> dict[str, float]:
+        return timed_steps(prof, self.args.steps, self.model, self.optimizer, self.tokens, self.device, self.dtype,
+                           self.args.phases)
+
+    def open_run(self, options: dict) -> Profiler:
+        self._runs += 1
+        return gpuprof.profile(self.tmp / f"run-{self._runs}", model=self.model, optimizer=self.optimizer, **options)
+
+    @contextlib.contextmanager
+    def timed_run(self, options: dict, open_close_s: list[float]):
+        """A captured run whose opening and closing time is appended to `open_close_s`."""
+        start = time.perf_counter()
+        with self.open_run(options) as prof:
+            opened = time.perf_counter()
+            yield prof
+            closing = time.perf_counter()
+        open_close_s.append(opened - start + time.perf_counter() - closing)
+
+    def pairs(self, options: dict, pairs: int, label: str, verbose: bool = False) -> Pairs:
+        result = Pairs()
+        blocks = interleaved_blocks(pairs, self.block, lambda rep: self.timed_run(options, result.open_close_s))
+        for rep, bare, capture in blocks:
+            result.bare.append(bare)
+            result.capture.append(capture)
+            if verbose:
+                print(f"  {label} pair {rep}: bare {bare['wall'] * 1e3:.2f} ms/step, captured "
+                      f"{capture['wall'] * 1e3:.2f} ms/step, ratio {capture['wall'] / bare['wall']:.4f}", flush=True)
+        return result
+
+
+# ------------------------------------------------------------------ per-hook timer
+
+
+class HookTimer:
+    """Self time (own time less that of timed calls inside it) per part, per thread.
+
+    Installed on the classes for the duration of one captured block: every collector hook the
+    profiler calls (by collector name), every hook a collector put into the user's model or
+    optimizer through `CollectorSet.guard`, the profiler's own step and phase work, the backward
+    watcher, the numerics monitor's state keeping and flags, and the run writer.
+    """
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._local = threading.local()
+        self._patches: list[tuple[type, str, object]] = []
+
+    def timed(self, label, function):
+        """`function` timed under `label` (a string, or a callable of the call's arguments)."""
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            stack = self._stack()
+            stack.append(0.0)
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                inner = stack.pop()
+                if stack:
+                    stack[-1] += elapsed
+                name = label(*args) if callable(label) else label
+                if threading.current_thread() is not threading.main_thread():
+                    name = f"{name} (own thread)"
+                self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - inner
+
+        return wrapper
+
+    def _stack(self) -> list[float]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def patch(self, owner: type, attribute: str, label) -> None:
+        original = owner.__dict__.get(attribute)
+        if original is None:
+            print(f"hook timer: {owner.__name__}.{attribute} not found, not timed")
+            return
+        self._patches.append((owner, attribute, original))
+        setattr(owner, attribute, self.timed(label, original))
+
+    @contextlib.contextmanager
+    def installed(self):
+        self.patch(Profiler, "_end_step", "profiler: step boundaries, records")
+        self.patch(Profiler, "_begin_step", "profiler: step boundaries, records")
+        self.patch(Profiler, "begin_phase", "profiler: phases")
+        self.patch(Profiler, "end_phase", "profiler: phases")
+        self.patch(BackwardWatcher, "_on_grad", "backward watcher")
+        self.patch(BackwardWatcher, "_finish", "backward watcher")
+        self.patch(CollectorSet, "_invoke", lambda _set, collector, *args: _part(collector))
+        original_guard = CollectorSet.guard
+        self._patches.append((CollectorSet, "guard", original_guard))
+        CollectorSet.guard = lambda collectors, collector, hook, function: original_guard(
+            collectors, collector, hook, self.timed(_part(collector), function))
+        self.patch(NumericsMonitor, "_begin_step", "numerics: state keeping")
+        self.patch(NumericsMonitor, "_refresh_keeper", "numerics: state keeping")
+        self.patch(NumericsMonitor, "_keep_if_grads_bad", "numerics: state keeping")
+        self.patch(NumericsMonitor, "_flags", "numerics: flags")
+        for method in ("_before_forward", "_after_forward", "take", "record_call", "close_micro_batch"):
+            self.patch(Tape, method, "numerics: tape")
+        self.patch(StreamWriter, "write", "writer")
+        self.patch(SystemSampler, "sample", "sampler")
+        try:
+            yield self
+        finally:
+            for owner, attribute, original in reversed(self._patches):
+                setattr(owner, attribute, original)
+            self._patches.clear()
+
+
+def _part(collector) -> str:
+    name = getattr(collector, "name", type(collector).__name__)
+    return {"gradients": "gradient norms", "numerics": "numerics: other hooks"}.get(name, f"collector {name}")
+
+
+def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
+    """Microseconds per step per part over `steps` captured steps (all defaults), and the block's
+    wall time per step."""
+    timer = HookTimer()
+    with timer.installed(), bench.open_run({}) as prof:
+        train_steps(prof, bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, bench.args.phases)
+        timer.seconds.clear()
+        start = time.perf_counter()
+        train_steps(prof, bench.model, bench.optimizer, bench.tokens, steps, bench.dtype, bench.device,
+                    bench.args.phases)
+        _synchronize(bench.device)
+        wall_s = time.perf_counter() - start
+    return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, wall_s / steps
+
+
+# ------------------------------------------------------------------ report
+
+
+def describe(args, bench: Bench) -> str:
+    return (f"{args.model} GPT-2 on {bench.device.type} ({args.dtype}, {args.batch}x{args.seq} tokens/step, "
+            f"{torch.get_num_threads()} torch threads, {'phases marked' if args.phases else 'plain loop'})")
+
+
+def print_headline(args, bench: Bench, pairs: Pairs) -> None:
+    low, high = pairs.spread()
+    cpu_low, cpu_high = pairs.spread("cpu")
+    print(f"\n{describe(args, bench)}, all defaults of gpuprof.profile, {args.pairs} interleaved pairs of "
+          f"{args.steps} steps:")
+    print(f"  wall time:  bare {pairs.step_s('bare') * 1e3:.2f} ms/step, captured {pairs.step_s('capture') * 1e3:.2f} "
+          f"ms/step; ratio x{pairs.median_ratio():.4f} median, p10-p90 x{low:.4f}-x{high:.4f}; "
+          f"+{pairs.added_us_per_step():.0f} us/step median")
+    print(f"  process CPU time (all threads): ratio x{pairs.median_ratio('cpu'):.4f} median, "
+          f"p10-p90 x{cpu_low:.4f}-x{cpu_high:.4f}")
+    print(f"  opening + closing a run (not in the steps): {statistics.median(pairs.open_close_s) * 1e3:.0f} ms")
+
+
+def print_hook_table(parts: dict[str, float], step_s: float) -> None:
+    print(f"\nper-hook timer, self time in us per step (one captured block, {step_s * 1e3:.2f} ms/step):")
+    main = {name: us for name, us in parts.items() if not name.endswith("(own thread)")}
+    for name, us in sorted(parts.items(), key=lambda item: -item[1]):
+        print(f"  {name:<40} {us:9.1f}  {us / (step_s * 1e6) * 100:6.2f}% of a step")
+    print(f"  {'total on the training thread':<40} {sum(main.values()):9.1f}  "
+          f"{sum(main.values()) / (step_s * 1e6) * 100:6.2f}% of a step")
+
+
+def print_switch_table(results: dict[str, Pairs], patched_out: dict[str, Pairs]) -> None:
+    print("\nparts switched on one at a time (wall time, interleaved pairs against bare, us per step):")
+    previous = 0.0
+    for label, pairs in results.items():
+        added = pairs.added_us_per_step()
+        print(f"  {label:<40} +{added:8.0f} total, {added - previous:+8.0f} for this part; "
+              f"ratio x{pairs.median_ratio():.4f}")
+        previous = added
+    for label, pairs in patched_out.items():
+        added = pairs.added_us_per_step()
+        print(f"  all defaults but the {label}: +{added:.0f} total, so it costs {previous - added:.0f}; "
+              f"ratio x{pairs.median_ratio():.4f}")
+
+
+@contextlib.contextmanager
+def no_op(owner: type, attribute: str):
+    original = owner.__dict__[attribute]
+    setattr(owner, attribute, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
 
 
 def main() -> None:
@@ -94,46 +362,40 @@ def main() -> None:
     parser.add_argument("--model", choices=MODELS, default="tiny")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per block")
-    parser.add_argument("--reps", type=int, default=7, help="bare/capture block pairs")
-    parser.add_argument("--no-numerics", action="store_true", help="capture without the NaN-forensics collector")
+    parser.add_argument("--pairs", type=int, default=15, help="bare/captured block pairs")
+    parser.add_argument("--phases", action="store_true", help="mark data/forward/backward/optimizer with prof.phase")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--clock", choices=CLOCKS, default="wall",
-                        help="cpu: process CPU time, steadier than wall time on a shared machine (use with --threads 1)")
+    parser.add_argument("--components", nargs="*", choices=("timer", "switch"), default=(),
+                        help="add the per-part table(s) in us per step")
+    parser.add_argument("--timer-steps", type=int, default=100, help="captured steps under the hook timer")
+    parser.add_argument("--switch-pairs", type=int, default=10, help="pairs per configuration for `switch`")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-
     transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    device, dtype = torch.device(args.device), {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model = GPT2LMHeadModel(GPT2Config(**MODELS[args.model], bos_token_id=0, eos_token_id=0)).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, model.config.vocab_size, (args.batch, args.seq))
-    if device.type == "cuda":
-        tokens = tokens.pin_memory()
-    options = {"numerics": False} if args.no_numerics else {}
 
-    ratios, bare_s, capture_s = [], [], []
+    print(f"load average before: {' '.join(f'{load:.2f}' for load in os.getloadavg())} ({os.cpu_count()} cores)")
     with tempfile.TemporaryDirectory() as tmp:
-        blocks = interleaved_blocks(
-            args.reps, lambda prof: timed_block(prof, args, model, optimizer, tokens, device, dtype),
-            lambda rep: gpuprof.profile(Path(tmp) / f"run-{rep}", model=model, optimizer=optimizer, **options))
-        for rep, bare, capture in blocks:
-            bare_s.append(bare)
-            capture_s.append(capture)
-            ratios.append(capture / bare)
-            print(f"rep {rep}: bare {bare * 1e3:.2f} ms/step, capture {capture * 1e3:.2f} ms/step, "
-                  f"ratio {ratios[-1]:.4f}", flush=True)
-    median_pct = (statistics.median(ratios) - 1) * 100
-    best_pct = (min(capture_s) / min(bare_s) - 1) * 100  # fastest block of each: least disturbed by neighbours
-    print(f"{args.model} on {device.type} ({args.dtype}, batch {args.batch}x{args.seq}, "
-          f"{torch.get_num_threads()} threads, {args.clock} clock{', numerics off' if args.no_numerics else ''}): "
-          f"bare {statistics.median(bare_s) * 1e3:.2f} ms/step, capture {statistics.median(capture_s) * 1e3:.2f} ms/step; "
-          f"overhead {median_pct:+.2f}% (median of {args.reps} interleaved pairs of {args.steps} steps), "
-          f"{best_pct:+.2f}% (fastest block of each)")
+        bench = Bench(args, Path(tmp))
+        headline = bench.pairs({}, args.pairs, "all defaults", verbose=True)
+        if "timer" in args.components:
+            parts, step_s = hook_table(bench, args.timer_steps)
+        if "switch" in args.components:
+            switched = {label: bench.pairs(options, args.switch_pairs, label)
+                        for label, options in CONFIGURATIONS.items()}
+            patched_out = {}
+            for label, (owner, attribute) in PATCHED_OUT.items():
+                with no_op(owner, attribute):
+                    patched_out[label] = bench.pairs({}, args.switch_pairs, label)
+    print_headline(args, bench, headline)
+    if "timer" in args.components:
+        print_hook_table(parts, step_s)
+    if "switch" in args.components:
+        print_switch_table(switched, patched_out)
+    print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/variants.py                          # 124M model, 4 x 256 tokens, 3 repetitions
     python benchmarks/variants.py --model tiny --repeats 2 --steps 10 --arms baseline optimized
     python benchmarks/variants.py --batch-size 8 --seq-len 1024 --steps 20   # on a GPU
+    python benchmarks/variants.py --parallel 2 --model tiny --steps 10       # DDP vs FSDP2 over 2 processes
 
 What it measures: the training loop of `gpuprof train` without recording (no gpuprof
 capture), each run in a fresh process so peak memory is that run's own. Three arms:
@@ -12,6 +13,10 @@ counts the tokens of one optimizer step, CPU time per step is the training proce
 time over all steps (steadier than wall time when other work shares the machine), and the
 figures are medians over repetitions.
 All arms train on the same tokens per step (optimized splits them into micro-batches).
+
+With `--parallel N` the arms are `ddp` and `fsdp` (FSDP2, `gpuprof train --parallel fsdp`) of
+one variant (`--variant`, default optimized), each under torchrun with N processes (gloo on CPU,
+NCCL on GPUs); peak memory is the largest of the ranks' peaks, and tokens/s counts all ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ _RESULT_PREFIX = "BENCH_RESULT "
 # arm -> TrainConfig knobs; "bf16" isolates what autocast alone gives.
 ARMS = {"baseline": {"variant": "baseline"}, "optimized": {"variant": "optimized"},
         "bf16": {"variant": "baseline", "precision": "bf16"}}
+PARALLEL_ARMS = {"ddp": {"parallel": "ddp"}, "fsdp": {"parallel": "fsdp"}}
 
 
 def main() -> int:
@@ -58,19 +64,32 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads per run (default: torch's choice); 1 keeps figures steady "
                         "on a machine other work shares, and CPU time free of idle-thread spinning")
-    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS),
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=None,
                         help="what to compare (default: all); needs baseline and optimized")
-    parser.add_argument("--worker", choices=tuple(ARMS), help=argparse.SUPPRESS)
+    parser.add_argument("--parallel", type=int, default=0, metavar="N",
+                        help="compare ddp and fsdp, each under torchrun with N processes")
+    parser.add_argument("--variant", default="optimized", choices=("baseline", "optimized"),
+                        help="with --parallel: the variant both arms train (default: optimized)")
+    parser.add_argument("--worker", choices=tuple(ARMS) + tuple(PARALLEL_ARMS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not {"baseline", "optimized"} <= set(args.arms):
-        parser.error("--arms needs baseline and optimized")
+    if args.parallel:
+        if args.parallel < 2 or args.arms:
+            parser.error("--parallel needs N >= 2 and compares ddp with fsdp (no --arms)")
+        args.arms, args.reference = list(PARALLEL_ARMS), "ddp"
+    else:
+        args.arms, args.reference = args.arms or list(ARMS), "baseline"
+        if not {"baseline", "optimized"} <= set(args.arms):
+            parser.error("--arms needs baseline and optimized")
     return args
 
 
 def run_in_subprocess(arm: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--worker", arm, "--model", args.model,
-               "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+               "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--variant", args.variant,
                "--seq-len", str(args.seq_len), "--device", args.device, "--threads", str(args.threads)]
+    if args.parallel:
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.parallel}"]
+        command += ["--parallel", str(args.parallel)]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT_PREFIX)]
     if done.returncode or not lines:
@@ -84,22 +103,28 @@ def run_one(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gpuprof.workloads.gpt2 import TrainConfig, prepare, run
+    from gpuprof.workloads.gpt2 import TrainConfig, distributed, prepare, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    knobs = {"variant": args.variant, **PARALLEL_ARMS[args.worker]} if args.parallel else ARMS[args.worker]
     config = TrainConfig(model_size=args.model, steps=args.steps, batch_size=args.batch_size,
-                         seq_len=args.seq_len, device=args.device, log_every=args.steps, **ARMS[args.worker])
+                         seq_len=args.seq_len, device=args.device, log_every=args.steps, **knobs)
     session = prepare(config)
     cpu_started = time.process_time()
     result = run(session)
+    peaks = distributed.all_gather(session.placement, result.peak_memory_bytes)
+    distributed.teardown(session.placement)
+    if not session.placement.is_main:
+        return 0
     figures = {
         "step_time_s": result.mean_step_time_s,
         "cpu_time_per_step_s": (time.process_time() - cpu_started) / args.steps,
         "tokens_per_s": result.tokens_per_s,
-        "peak_memory_bytes": result.peak_memory_bytes,
+        "peak_memory_bytes": max(peaks),
+        "peak_memory_bytes_by_rank": peaks,
         "peak_memory_kind": result.peak_memory_kind,
-        "device_type": result.model.device.type,
+        "device_type": session.placement.device.type,
         "config": {key: value for key, value in config.as_dict().items() if value is not None},
         "num_threads": torch.get_num_threads(),
     }
@@ -111,23 +136,26 @@ def report(runs: dict, args: argparse.Namespace) -> None:
     median = {arm: {key: statistics.median(r[key] for r in results)
                     for key in ("step_time_s", "cpu_time_per_step_s", "peak_memory_bytes")}
               for arm, results in runs.items()}
+    ranks = max(1, args.parallel)
     for figures in median.values():
-        figures["tokens_per_s"] = args.batch_size * args.seq_len / figures["step_time_s"]
-    first = runs["optimized"][0]
-    print(f"\n{args.model}, batch {args.batch_size} x {args.seq_len} tokens per step, "
+        figures["tokens_per_s"] = ranks * args.batch_size * args.seq_len / figures["step_time_s"]
+    first = runs[args.arms[-1]][0]
+    setting = f"{args.variant}, {ranks} processes, per rank: " if args.parallel else ""
+    print(f"\n{args.model}, {setting}batch {args.batch_size} x {args.seq_len} tokens per step, "
           f"{args.steps} steps (first excluded), median of {args.repeats}, device {first['device_type']} "
-          f"({first['num_threads']} threads); peak memory = {first['peak_memory_kind']}")
+          f"({first['num_threads']} threads); peak memory = {first['peak_memory_kind']}"
+          f"{' (largest rank)' if args.parallel else ''}")
     print(f"{'arm':10s} {'step time':>11s} {'CPU time/step':>14s} {'tokens/s':>10s} {'peak memory':>12s}")
     for arm, figures in median.items():
         print(f"{arm:10s} {figures['step_time_s']:9.3f} s {figures['cpu_time_per_step_s']:12.3f} s "
               f"{figures['tokens_per_s']:10,.0f} {figures['peak_memory_bytes'] / 2**20:8,.0f} MiB")
-    base = median["baseline"]
+    base = median[args.reference]
     for arm, figures in median.items():
-        if arm != "baseline":
-            print(f"{arm} vs baseline: {base['step_time_s'] / figures['step_time_s']:.2f}x the throughput "
+        if arm != args.reference:
+            print(f"{arm} vs {args.reference}: {base['step_time_s'] / figures['step_time_s']:.2f}x the throughput "
                   f"(by CPU time per step: {base['cpu_time_per_step_s'] / figures['cpu_time_per_step_s']:.2f}x), "
                   f"{figures['peak_memory_bytes'] / base['peak_memory_bytes']:.2f}x the peak memory")
-    if median["optimized"]["step_time_s"] >= base["step_time_s"]:
+    if not args.parallel and median["optimized"]["step_time_s"] >= base["step_time_s"]:
         print("optimized is not faster here, because:")
         for reason in slowdown_reasons(first):
             print(f"  - {reason}")

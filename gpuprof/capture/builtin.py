@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from gpuprof.capture.distributed import DdpCollector
+from gpuprof.capture.distributed import DdpCollector, FsdpCollector, is_sharded
 from gpuprof.capture.gradients import GradientCollector
+from gpuprof.capture.loopfacts import LoopFacts
 from gpuprof.capture.memory import MemoryCollector
 from gpuprof.capture.oom import OomCollector
 from gpuprof.capture.optimizer import OptimizerCollector
+from gpuprof.capture.phases import has_step_hooks
 from gpuprof.capture.scaler import ScalerCollector
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector
@@ -17,25 +19,33 @@ from gpuprof.capture.trace import TraceCollector
 def builtin_collectors(prof) -> list:
     options = prof.options
     sampler = SystemSampler(options["sample_interval_s"]) if options["sample_interval_s"] else None
-    collectors = [prof.model_info, sampler, MemoryCollector(prof.device, sampler),
-                  OomCollector(prof.device, options["memory_history"])]
+    # phases first: its backward-end stamp comes before the other collectors' work on the gradients
+    collectors = [prof.phase_hooks, prof.model_info, LoopFacts(prof.model, prof.optimizer, prof.loader),
+                  sampler, MemoryCollector(prof.device, sampler), OomCollector(prof.device, options["memory_history"])]
+    # an optimizer without step hooks (reported by phase_hooks) is left to the collectors that need none
+    hookable_optimizer = prof.optimizer if has_step_hooks(prof.optimizer) else None
     gradients = None
     if prof.model is not None and options["grad_norms"]:
-        gradients = GradientCollector(prof.model, prof.optimizer, prof.scaler,
+        gradients = GradientCollector(prof.model, hookable_optimizer, prof.scaler,
                                       options["layer_interval"], options["update_ratio_interval"])
         collectors.append(gradients)
-    if prof.optimizer is not None:
-        collectors.append(OptimizerCollector(prof.optimizer, prof.lr_scheduler, prof.scaler))
+    if hookable_optimizer is not None:
+        collectors.append(OptimizerCollector(hookable_optimizer, prof.lr_scheduler, prof.scaler))
     if prof.scaler is not None:
         collectors.append(ScalerCollector(prof.scaler))
     if isinstance(prof.model, torch.nn.parallel.DistributedDataParallel):
         collectors.append(DdpCollector(prof.model))
+    if is_sharded(prof.model):
+        collectors.append(FsdpCollector(prof.model, prof.optimizer))
     if prof.model is not None and options["numerics"] is not False:
         from gpuprof.numerics.monitor import NumericsMonitor
+        from gpuprof.numerics.tape import Tape
 
-        collectors.append(NumericsMonitor(
-            prof.model, prof.optimizer, prof.scaler, loss_fn=prof.loss_fn, on_nonfinite=options["on_nonfinite"],
-            options=options["numerics"] if isinstance(options["numerics"], dict) else None, gradients=gradients))
+        tape = Tape(prof.model, prof.scaler)  # before the monitor: the step's tape is taken at its end
+        collectors += [tape, NumericsMonitor(
+            prof.model, hookable_optimizer, prof.scaler, loss_fn=prof.loss_fn, on_nonfinite=options["on_nonfinite"],
+            options=options["numerics"] if isinstance(options["numerics"], dict) else None, gradients=gradients,
+            tape=tape)]
     if options["trace_steps"]:
         collectors.append(TraceCollector(options["trace_steps"], options["record_shapes"],
                                          options["profile_memory"], options["with_stack"]))

@@ -57,10 +57,12 @@ class CollectorSet:
         self._collectors: list[Any] = []
         self._ever_added: list[Any] = []
         self._on_failure = on_failure
+        self._by_hook: dict[str, list[tuple[Any, Any]]] = {}  # hook -> (collector, bound method), enabled ones
 
     def add(self, collector: Any) -> None:
         self._collectors.append(collector)
         self._ever_added.append(collector)
+        self._by_hook.clear()
 
     def close_all(self, prof) -> None:
         """on_close for every collector, switched-off ones too, so each removes its hooks."""
@@ -76,11 +78,23 @@ class CollectorSet:
         return iter(self._collectors)
 
     def call(self, hook: str, *args) -> list[Any]:
-        return [self.call_one(collector, hook, *args) for collector in list(self._collectors)]
+        """The results of the enabled collectors that have `hook`, in their order."""
+        return [self._invoke(collector, hook, method, args) for collector, method in self._methods(hook)]
 
     def call_one(self, collector: Any, hook: str, *args) -> Any:
         method = getattr(collector, hook, None)
-        if method is None or collector not in self._collectors:
+        return None if method is None else self._invoke(collector, hook, method, args)
+
+    def _methods(self, hook: str) -> list[tuple[Any, Any]]:
+        """Looked up once per hook (several hooks run every step), again after a collector comes or goes."""
+        methods = self._by_hook.get(hook)
+        if methods is None:
+            methods = self._by_hook[hook] = [(collector, getattr(collector, hook)) for collector in self._collectors
+                                             if getattr(collector, hook, None) is not None]
+        return methods
+
+    def _invoke(self, collector: Any, hook: str, method, args: tuple) -> Any:
+        if collector not in self._collectors:  # switched off earlier in this round
             return None
         try:
             return method(*args)
@@ -105,4 +119,5 @@ class CollectorSet:
     def disable(self, collector: Any, hook: str, error: BaseException) -> None:
         if collector in self._collectors:
             self._collectors.remove(collector)
+            self._by_hook.clear()
             self._on_failure(collector, hook, error)

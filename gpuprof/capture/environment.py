@@ -65,6 +65,16 @@ def host_facts() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "platform": platform.platform()}
 
 
+def torch_settings() -> dict:
+    """torch's global numerics/speed switches, as the loop runs with them."""
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+
+
 def resolve_device(model: torch.nn.Module | None) -> torch.device:
     if model is not None:
         for param in model.parameters():

@@ -6,6 +6,10 @@ use, so they are the unscaled norms `clip_grad_norm_` would see. The global norm
 their 2-norm, exactly as `clip_grad_norm_` computes it. The last backward pass of a step
 wins (under gradient accumulation that is the accumulated gradient).
 
+Under FSDP2 (DTensor parameters) each rank computes the norms of its own shards and one
+all-reduce per step, at the step's end, sums their squares over the ranks: the norms recorded
+are those `clip_grad_norm_` computes over the sharded model, the same on every rank.
+
 Per-layer rows (per transformer block and per parameter) go to the `layers` stream every
 `layer_interval` steps; update ratios ‖Δw‖/‖w‖ every `update_ratio_interval` steps, from a
 copy of the weights taken just before `optimizer.step()` and dropped right after it.
@@ -19,6 +23,9 @@ from collections import defaultdict
 
 import torch
 
+from gpuprof.capture.distributed import ShardReduction, is_sharded, local_tensor
+
+_MAX_ORIGINS = 16  # bad steps whose origin is kept for the numerics report (the first ones)
 _BLOCK = re.compile(r"^(.*?\.\d+)\.")  # "transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"
 
 
@@ -32,11 +39,14 @@ def block_groups(names: list[str]) -> dict[str, list[int]]:
     return dict(groups)
 
 
-def tensor_norms(tensors: list[torch.Tensor | None]) -> torch.Tensor:
-    """The 2-norm of each tensor (0 for None) as one float32 vector on the first tensor's device."""
+def tensor_norms(tensors: list[torch.Tensor | None], same_kind: bool = False) -> torch.Tensor:
+    """The 2-norm of each tensor (0 for None) as one float32 vector on the first tensor's device.
+    same_kind: the caller knows that every tensor has one device and dtype (a check less per step)."""
     present = [t for t in tensors if t is not None]
     if not present:
         return torch.zeros(len(tensors))
+    if same_kind and len(present) == len(tensors):
+        return torch.stack(torch._foreach_norm(present)).float()
     device = present[0].device
     by_group: dict[tuple, list[int]] = defaultdict(list)
     for index, tensor in enumerate(tensors):
@@ -65,6 +75,7 @@ class GradientCollector:
         named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
         self.names = [name for name, _ in named]
         self.params = [param for _, param in named]
+        self._same_kind = len({(param.device, param.dtype) for param in self.params}) == 1  # so are their grads
         self.blocks = block_groups(self.names)
         self._scaler = scaler
         self._optimizer = optimizer
@@ -76,6 +87,8 @@ class GradientCollector:
         self._update_norms: tuple[torch.Tensor, torch.Tensor] | None = None
         self._ratio_step = False
         self._handles: list = []
+        self._reduction = ShardReduction(len(self.params)) if is_sharded(model) and self.params else None
+        self._nonfinite_origins: dict[int, tuple[int, str]] = {}
 
     # -- hooks
     def on_start(self, prof) -> None:
@@ -101,12 +114,17 @@ class GradientCollector:
 
     def on_after_backward(self, prof, step: int) -> None:
         self._passes += 1
-        norms = tensor_norms([param.grad for param in self.params])
+        grads = [param.grad for param in self.params]
+        if self._reduction is not None:  # DTensors only exist on a sharded model
+            grads = [local_tensor(grad) for grad in grads]
+        norms = tensor_norms(grads, same_kind=self._same_kind)
         scale = self._scaler_scale()
         self._grad_norms = norms / scale.to(norms.device) if scale is not None else norms
 
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}
+        if self._reduction is not None:
+            fields["_grad_nonfinite_origin"] = self._reduce_over_ranks(prof.device)
         if self._grad_norms is not None:
             total = torch.linalg.vector_norm(self._grad_norms)
             state.grad_norm, state.grad_finite = total, torch.isfinite(total)
@@ -119,6 +137,7 @@ class GradientCollector:
         return fields
 
     def on_step_record(self, prof, record: dict) -> None:
+        self._note_nonfinite_origin(record)
         grad_norms = record.get("_param_grad_norms")
         delta, weight = record.get("_param_delta_norms"), record.get("_param_weight_norms")
         if grad_norms is None and delta is None:
@@ -132,7 +151,31 @@ class GradientCollector:
             })
         prof.writer.write("layers", rows)
 
+    def nonfinite_origin(self, step: int) -> tuple[int, str] | None:
+        """Sharded models: (rank, parameter) of the first non-finite gradient shard at `step`, if any."""
+        return self._nonfinite_origins.get(step)
+
     # -- internals
+    def _reduce_over_ranks(self, device: torch.device) -> torch.Tensor:
+        """Local shard norms -> global norms, on every rank every step, whatever this rank computed:
+        no gradient counts as zero (as in clip_grad_norm_), an update not seen as unknown (NaN)."""
+        reduction = self._reduction
+        vectors = [self._grad_norms if self._grad_norms is not None else reduction.missing(0.0)]
+        if self._ratio_step:
+            vectors += list(self._update_norms or (reduction.missing(float("nan")),) * 2)
+        (grads, *updates), origin = reduction.norms(vectors, device)
+        if self._grad_norms is not None:
+            self._grad_norms = grads
+        if self._update_norms is not None:
+            self._update_norms = tuple(updates)
+        return origin
+
+    def _note_nonfinite_origin(self, record: dict) -> None:
+        found = ShardReduction.first_origin(record.get("_grad_nonfinite_origin") or [])
+        if found is not None and len(self._nonfinite_origins) < _MAX_ORIGINS:
+            rank, index = found
+            self._nonfinite_origins[record["step"]] = (rank, self.names[index])
+
     def _layers(self):
         for block, indices in self.blocks.items():
             yield block, "block", indices
@@ -148,13 +191,13 @@ class GradientCollector:
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self._ratio_step:
             with torch.no_grad():
-                self._weights_before = torch._foreach_mul([p.detach() for p in self.params], 1.0)
+                self._weights_before = torch._foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self._weights_before is None:
             return
         with torch.no_grad():
-            weights = [p.detach() for p in self.params]
+            weights = [local_tensor(p.detach()) for p in self.params]
             deltas = torch._foreach_sub(weights, self._weights_before)
             self._weights_before = None
             self._update_norms = (tensor_norms(deltas), tensor_norms(weights))

@@ -34,7 +34,7 @@ class PendingRecord:
         parts, offset, device = [], 0, None
         for key, value in self.fields.items():
             if isinstance(value, torch.Tensor) and not value.is_cuda:  # read now: it may change in place
-                self.fields[key] = _to_python(value.detach().reshape(-1).double(), value.dtype, value.shape)
+                self.fields[key] = value.item() if value.dim() == 0 else value.reshape(-1).tolist()
             elif isinstance(value, torch.Tensor):
                 device = device or value.device
                 flat = value.detach().reshape(-1).to(device=device, dtype=torch.float64)

@@ -2,8 +2,33 @@
 
 from __future__ import annotations
 
+import os
+
 import psutil
 import torch
+
+
+class RssReader:
+    """The process's resident set size. On Linux a read of /proc/self/statm through a file kept
+    open (about 1 us; psutil opens and parses a file per call); psutil elsewhere."""
+
+    def __init__(self):
+        self._page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+        try:
+            self._statm = os.open("/proc/self/statm", os.O_RDONLY) if self._page_bytes else None
+        except OSError:
+            self._statm = None
+        self._process = psutil.Process()
+
+    def rss_bytes(self) -> int:
+        if self._statm is None:
+            return self._process.memory_info().rss
+        return int(os.pread(self._statm, 128, 0).split()[1]) * self._page_bytes
+
+    def close(self) -> None:
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
 
 
 class MemoryCollector:
@@ -11,11 +36,14 @@ class MemoryCollector:
 
     def __init__(self, device: torch.device, sampler=None):
         self._device = device
-        self._process = psutil.Process()
+        self._rss = RssReader()
         self._sampler = sampler
 
+    def on_close(self, prof) -> None:
+        self._rss.close()
+
     def on_step_end(self, prof, state) -> dict:
-        fields = {"mem_rss_bytes": self._process.memory_info().rss}
+        fields = {"mem_rss_bytes": self._rss.rss_bytes()}
         if self._device.type != "cuda":
             return fields
         stats = torch.cuda.memory_stats(self._device)

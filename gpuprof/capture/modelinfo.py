@@ -1,7 +1,7 @@
 """Run-level model facts: shape, FLOPs per token, compute dtype, and the device's peak FLOP/s.
 
-The sequence length and the compute dtype are read from the model's first forward call
-(input shape; autocast state), with a one-shot hook, unless given up front.
+The sequence length and the compute dtype are read from the model's first training forward
+call (input shape; autocast state), with a one-shot hook, unless given up front.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any, Mapping
 import torch
 
 from gpuprof import flops, hardware
+from gpuprof.capture.phases import is_training_call
+from gpuprof.modules import eager_model
 
 _PRECISION_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                     "fp32": "fp32", "float32": "fp32", "tf32": "tf32", "fp8": "fp8"}
@@ -26,6 +28,7 @@ class ModelInfo:
         self.seq_len = next((config[k] for k in ("seq_len", "block_size", "max_seq_len") if isinstance(config.get(k), int)), None)
         configured = str(config.get("precision") or config.get("dtype") or "").lower()
         self.dtype = _PRECISION_NAMES.get(configured)
+        self.autocast_dtype: str | None = None  # as seen in the first training forward
         self.peak_flops_per_s = None
         self._device = None
         self._hook = None
@@ -45,11 +48,11 @@ class ModelInfo:
     def facts(self) -> dict[str, Any] | None:
         if self.model is None:
             return None
-        inner = getattr(self.model, "module", self.model)
+        inner = eager_model(self.model)
         shape = flops.transformer_shape(self.model, self.seq_len)
         return {
             "class": type(inner).__name__,
-            # DataParallel / DistributedDataParallel / FSDP, when the user profiles the wrapped model
+            # DataParallel / DistributedDataParallel / torch.compile, when the user profiles the wrapped model
             "wrapper": type(self.model).__name__ if inner is not self.model else None,
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "n_layers": shape.n_layers if shape else None,
@@ -60,13 +63,15 @@ class ModelInfo:
         }
 
     def _first_forward(self, module, args, kwargs) -> None:
+        if not is_training_call(module):
+            return
         self._remove_hook()
         inputs = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(inputs, torch.Tensor) and inputs.dim() >= 1:
             self.seq_len = int(inputs.shape[-1])
         device_type = self._device.type
         if torch.is_autocast_enabled(device_type):
-            self.dtype = hardware.dtype_name(torch.get_autocast_dtype(device_type))
+            self.dtype = self.autocast_dtype = hardware.dtype_name(torch.get_autocast_dtype(device_type))
         elif self.dtype is None:
             self.dtype = hardware.dtype_name(next(module.parameters()).dtype)
         self._update()

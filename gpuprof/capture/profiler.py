@@ -1,15 +1,15 @@
 """The Profiler: instruments a training loop and writes a run directory.
 
-    with gpuprof.profile("runs/exp1", model=model, optimizer=optimizer, scaler=scaler) as prof:
+    with gpuprof.profile("runs/exp1", model=model, optimizer=optimizer, loader=loader) as prof:
         for batch in loader:
-            with prof.phase("forward"):
-                loss = model(**batch).loss
+            loss = model(**batch).loss
             ...
             prof.step(loss=loss, tokens=batch_tokens)
 
 Every part of capture is a collector (gpuprof.capture.collector); the Profiler owns the
 step boundaries, the clock, the run writer, and the queue of step records whose device
-values are fetched a few steps later without a host-device synchronization.
+values are fetched a few steps later without a host-device synchronization. Phases come
+from hooks (gpuprof.capture.phases) and from prof.phase(), which wins per step and name.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.collector import CollectorSet, StepState
 from gpuprof.capture.lazy import PendingRecord
 from gpuprof.capture.modelinfo import ModelInfo
+from gpuprof.capture.phases import PhaseHooks, inner_optimizer
 from gpuprof.capture.timing import PhaseTimes, clock_for
+from gpuprof.capture.trace import own_work
 from gpuprof.errors import GpuprofError
 from gpuprof.run import schema
 from gpuprof.run.writer import RunWriter
@@ -47,7 +49,9 @@ def profile(run_dir: str | os.PathLike, **options: Any) -> "Profiler":
 class Profiler:
     """Records one training run into `run_dir`.
 
-    model, optimizer, scaler, lr_scheduler: optional; what needs them is skipped without them.
+    model, optimizer, scaler, lr_scheduler: optional; what needs them is skipped without them. Given the
+    model and the optimizer, every step is split into phases by hooks (gpuprof.capture.phases).
+    loader: the training DataLoader, optional; its settings are recorded in meta.json ("loop").
     config: the user's config dict, stored in meta.json.   name: display name (default: folder name).
     trace_steps: optimizer steps to record with torch.profiler (e.g. range(10, 14)); None for none.
     sample_interval_s: background device/host sampling period (0 or None turns the sampler off).
@@ -66,6 +70,7 @@ class Profiler:
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         scaler: Any = None,
+        loader: Any = None,
         config: Mapping[str, Any] | None = None,
         name: str | None = None,
         trace_steps: Iterable[int] | None = None,
@@ -85,7 +90,11 @@ class Profiler:
         numerics: Mapping[str, Any] | bool = True,
     ):
         self.run_dir = os.fspath(run_dir)
-        self.model, self.optimizer, self.scaler, self.lr_scheduler = model, optimizer, scaler, lr_scheduler
+        # a model that is not a Module (a plain function) is reported once by PhaseHooks, then ignored
+        hookable_model = model if isinstance(model, torch.nn.Module) else None
+        optimizer = inner_optimizer(optimizer)
+        self.model, self.optimizer, self.scaler, self.lr_scheduler = hookable_model, optimizer, scaler, lr_scheduler
+        self.loader = loader
         self.config = dict(config or {})
         self.name = name or os.path.basename(os.path.abspath(self.run_dir))
         self.options = {
@@ -103,9 +112,10 @@ class Profiler:
         }
         self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
         self.ranks = environment.rank_info()
-        self.device = environment.resolve_device(model)
+        self.device = environment.resolve_device(self.model)
         self.clock = clock_for(self.device)
-        self.model_info = ModelInfo(model, flops_per_token, self.config)
+        self.model_info = ModelInfo(self.model, flops_per_token, self.config)
+        self.phase_hooks = PhaseHooks(model, optimizer, self.clock)
         self.collectors = CollectorSet(self._collector_failed)
         self._extra_collectors = list(collectors)
         self.writer: RunWriter | None = None
@@ -114,7 +124,7 @@ class Profiler:
         self._pending: deque[tuple[PendingRecord, list]] = deque()
         self._started = self._closed = False
         self._broken = False
-        self._backward = BackwardWatcher(model, self._after_backward) if model is not None else None
+        self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
         self._start_unix_s = None
 
     # ----------------------------------------------------------------- lifecycle
@@ -188,7 +198,8 @@ class Profiler:
         so that NaN forensics can re-run the step with `loss_fn` (docs/numerics.md).
         """
         if self._active:
-            self._guarded(self._end_step, loss, tokens, batch)
+            with own_work():
+                self._guarded(self._end_step, loss, tokens, batch)
             for collector in self.collectors:
                 error = getattr(collector, "stop_training", None)
                 if error is not None:  # raised on purpose, e.g. on_nonfinite="raise"
@@ -237,20 +248,23 @@ class Profiler:
 
     def _end_step(self, loss, tokens, batch=None) -> None:
         end = self.clock.stamp()
+        automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         state = StepState(step=self.step_index, loss=_detached(loss), tokens=tokens, batch=batch)
         if isinstance(state.loss, torch.Tensor):
-            state.loss_finite = torch.isfinite(state.loss).all()
+            finite = torch.isfinite(state.loss)
+            state.loss_finite = finite.all() if finite.dim() else finite  # one op less for the usual scalar loss
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
             "loss": state.loss, "tokens": tokens, "loss_finite": state.loss_finite,
-            "micro_batches": self._step_phases.count("backward") or self._step_phases.count("forward") or None,
-            "_timing": _timing(self.clock, self._step_start, end, self._step_phases),
+            "micro_batches": _micro_batches(self._step_phases) or _micro_batches(automatic),
+            "_timing": _timing(self.clock, self._step_start, end, self._step_phases, automatic),
         }
         for extra in self.collectors.call("on_step_end", self, state):
             if extra:
                 fields.update(extra)
         # phases may run on other streams: the record waits for every stamp, not only its own copy
-        self._pending.append((PendingRecord(fields), [end, *self._step_phases.stamps()]))
+        stamps = [end, *self._step_phases.stamps(), *(automatic.stamps() if automatic else ())]
+        self._pending.append((PendingRecord(fields), stamps))
         self._drain(False)
         self.step_index += 1
         self._begin_step(end)
@@ -333,12 +347,18 @@ def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) else value
 
 
-def _timing(clock, start, end, phases: PhaseTimes):
-    """A callable giving the step's time columns once `end` has completed on the device."""
+def _micro_batches(phases: PhaseTimes | None) -> int | None:
+    return (phases.count("backward") or phases.count("forward") or None) if phases is not None else None
+
+
+def _timing(clock, start, end, explicit: PhaseTimes, automatic: PhaseTimes | None):
+    """A callable giving the step's time columns once `end` has completed on the device.
+
+    Per step, a phase the loop marked with prof.phase() replaces the automatic span of that name."""
 
     def resolve() -> dict[str, float | None]:
         step_time_s = clock.elapsed_s(start, end)
-        totals = phases.totals_s()
+        totals = {**(automatic.totals_s() if automatic is not None else {}), **explicit.totals_s()}
         columns = {"step_time_s": step_time_s}
         for name in KNOWN_PHASES:
             columns[f"{name}_time_s"] = totals.get(name)

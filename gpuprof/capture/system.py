@@ -15,6 +15,8 @@ import time
 import psutil
 import torch
 
+from gpuprof.capture.memory import RssReader
+
 logger = logging.getLogger("gpuprof")
 
 _notice_given = False
@@ -137,7 +139,7 @@ class SystemSampler:
         self._nvml: NvmlDevice | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._process = psutil.Process()
+        self._rss = RssReader()
         self._prof = None
 
     def on_start(self, prof) -> None:
@@ -170,6 +172,8 @@ class SystemSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(1.0, 3 * self.interval_s))
+        if self._thread is None or not self._thread.is_alive():
+            self._rss.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -185,7 +189,7 @@ class SystemSampler:
         memory = psutil.virtual_memory()
         row = {
             "time_unix_s": time.time(), "rank": self._prof.ranks.rank, "device_index": None,
-            "host_cpu_pct": psutil.cpu_percent(interval=None), "proc_rss_bytes": self._process.memory_info().rss,
+            "host_cpu_pct": psutil.cpu_percent(interval=None), "proc_rss_bytes": self._rss.rss_bytes(),
             "host_mem_used_bytes": memory.total - memory.available, "host_mem_total_bytes": memory.total,
         }
         if self._nvml is not None:

@@ -67,9 +67,17 @@ class PhaseTimes:
 
     def end(self, name: str) -> None:
         if name in self._host_open:
-            self._host_spans.append((name, time.perf_counter() - self._host_open.pop(name)))
+            self.add_host(name, time.perf_counter() - self._host_open.pop(name))
         elif name in self._open:
-            self.spans.append((name, self._open.pop(name), self.clock.stamp()))
+            self.add(name, self._open.pop(name), self.clock.stamp())
+
+    def add(self, name: str, start, end) -> None:
+        """A finished span between two stamps of this clock."""
+        self.spans.append((name, start, end))
+
+    def add_host(self, name: str, seconds: float) -> None:
+        """A finished span measured on the host clock."""
+        self._host_spans.append((name, seconds))
 
     def stamps(self) -> list:
         return [stamp for _, start, end in self.spans for stamp in (start, end)]

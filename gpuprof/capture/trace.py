@@ -3,15 +3,20 @@
 Each contiguous run of `trace_steps` is one window, written as
 `traces/steps-A-B/rank-R.pt.trace.json.gz` (see RunWriter.trace_path) (one file per rank per window, so each window
 folder is what HTA expects). Steps are marked `ProfilerStep#N` with N the optimizer step,
-phases as `gpuprof.<phase>` ranges, and `distributedInfo` (rank, world size) is always
-present so Perfetto and HTA open the files unchanged.
+phases as `gpuprof.<phase>` ranges, gpuprof's own step-end work as `gpuprof.bookkeeping`,
+and `distributedInfo` (rank, world size) is always present so Perfetto and HTA open the
+files unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, record_function
+
+from gpuprof.run.schema import OWN_WORK_RANGE
 
 
 def windows(steps: list[int]) -> list[tuple[int, int]]:
@@ -23,6 +28,11 @@ def windows(steps: list[int]) -> list[tuple[int, int]]:
         else:
             ranges.append((step, step + 1))
     return ranges
+
+
+def own_work():
+    """Marks gpuprof's own work while a profiler records; a no-op (one flag read) otherwise."""
+    return record_function(OWN_WORK_RANGE) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 class TraceCollector:

@@ -14,7 +14,7 @@ import sys
 
 from gpuprof.errors import GpuprofError
 
-SUBCOMMANDS = ("train", "analyze", "compare", "dashboard", "report", "trace", "replay", "demo")
+SUBCOMMANDS = ("train", "run", "analyze", "compare", "dashboard", "report", "trace", "replay", "demo")
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

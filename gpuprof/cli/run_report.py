@@ -9,6 +9,8 @@ import json
 import math
 
 JSON_SCHEMA_VERSION = 1
+# Past this many ranks the text report lists the slowest ones only (--json has every rank).
+PER_RANK_LINES_MAX = 16
 
 
 def fmt(value, unit: str = "") -> str:
@@ -54,18 +56,33 @@ def summary_lines(summary) -> list[str]:
         f"   non-finite loss/grad steps {health['nonfinite_loss_steps']}/{health['nonfinite_grad_steps']}"
         f"   skipped steps {health['skipped_steps']}   grad norm p50 {fmt(health['grad_norm_p50'])}"
         f" max {fmt(health['grad_norm_max'])}",
-    ]
+    ] + _missing_lines(summary.missing_ranks)
+
+
+def _missing_lines(missing: list[int]) -> list[str]:
+    if not missing:
+        return []
+    shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+    return [f"  missing     {len(missing)} rank(s) left no readable steps and are not in these figures: {shown}"]
 
 
 def per_rank_lines(summary) -> list[str]:
-    if summary.per_rank.empty or len(summary.per_rank) < 2:
+    from gpuprof.analysis.run.summary import slowest_ranks
+
+    table = summary.per_rank
+    if table.empty or len(table) < 2:
         return []
+    if len(table) > PER_RANK_LINES_MAX:  # the slowest first
+        order = slowest_ranks(table, PER_RANK_LINES_MAX)["rank"]
+        table = summary.per_rank.set_index("rank").loc[order].reset_index()
     lines = ["  per rank    rank  step p50   data p50   forward p50  backward p50  tokens/s"]
-    for row in summary.per_rank.to_dict(orient="records"):
+    for row in table.to_dict(orient="records"):
         lines.append(
             f"              {row['rank']:>4}  {fmt(row['step_time_p50_s'], 's'):>9}  {fmt(row['data_time_p50_s'], 's'):>9}"
             f"  {fmt(row['forward_time_p50_s'], 's'):>11}  {fmt(row['backward_time_p50_s'], 's'):>12}  {fmt(row['tokens_per_s']):>8}"
         )
+    if len(table) < len(summary.per_rank):
+        lines.append(f"              ... {len(summary.per_rank) - len(table)} more ranks (the slowest are shown; --json has all)")
     return lines
 
 

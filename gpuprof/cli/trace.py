@@ -45,6 +45,11 @@ def add_parser(subparsers) -> None:
                         help="keep the last profiler step (left out by default, as HTA does)")
     parser.add_argument("--top", type=_positive_int, default=10,
                         help="rows in the top kernels / CPU ops tables (default 10)")
+    parser.add_argument("--jobs", type=_positive_int, default=None,
+                        help="ranks analysed at once, one process each (default: one per CPU core)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="analyse the ranks on this Dask distributed cluster (tcp://host:8786); "
+                        "its workers must see PATH (needs gpuprof[scale])")
     parser.set_defaults(func=run)
 
 
@@ -55,34 +60,31 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuprof.analysis.trace import TraceAnalysis
+    from gpuprof.analysis.trace.ranks import analyze_ranks
 
-    analysis = TraceAnalysis(args.path, include_last_step=args.include_last_step)
-    tables = collect_tables(analysis, args.top)
-    notes = _notes(analysis)
+    result = analyze_ranks(args.path, table_names=tuple(TABLES), jobs=args.jobs, scheduler=args.scheduler,
+                           include_last_step=args.include_last_step, top=args.top)
+    tables = result.tables
+    notes = _notes(result, args.include_last_step)
     if args.json:
-        json.dump(to_document(analysis, args.path, tables, notes), sys.stdout, sort_keys=True, indent=1, allow_nan=False)
+        document = to_document(result, args.path, tables, notes, args.include_last_step)
+        json.dump(document, sys.stdout, sort_keys=True, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     else:
         _print_report(args.path, tables, notes)
     return 0
 
 
-def collect_tables(analysis, top: int) -> dict:
-    tables = {}
-    for key, (method, _) in TABLES.items():
-        function = getattr(analysis, method)
-        tables[key] = function(top) if key in ("top_kernels", "top_cpu_ops") else function()
-    return tables
-
-
-def _notes(analysis) -> list[str]:
-    notes = []
-    if not analysis.has_device_activity:
+def _notes(result, include_last_step: bool) -> list[str]:
+    notes = [f"Rank file {item['file']} could not be read and is left out: {item['error']}" for item in result.unreadable]
+    if result.missing_ranks:
+        shown = ", ".join(map(str, result.missing_ranks[:20])) + (" ..." if len(result.missing_ranks) > 20 else "")
+        notes.append(f"{len(result.missing_ranks)} rank(s) of the recorded world size have no readable trace here: {shown}")
+    if not result.has_device_activity:
         notes.append("No device (GPU) activity in this trace: device analyses are empty; CPU side reported.")
-    if not analysis.include_last_step:
+    if not include_last_step:
         notes.append("The last profiler step is left out (as HTA does); --include-last-step keeps it.")
-    if analysis.overview()["profiler_steps"].eq(0).all():
+    if result.tables["overview"]["profiler_steps"].eq(0).all():
         notes.append("No ProfilerStep markers: the whole trace is one step (step -1).")
     return notes
 
@@ -95,14 +97,16 @@ def _json_value(value):
     return value
 
 
-def to_document(analysis, path, tables: dict, notes: list[str]) -> dict:
+def to_document(result, path, tables: dict, notes: list[str], include_last_step: bool) -> dict:
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "path": str(path),
-        "ranks": analysis.ranks,
-        "has_device_activity": analysis.has_device_activity,
-        "include_last_step": analysis.include_last_step,
+        "ranks": result.ranks,
+        "missing_ranks": result.missing_ranks,
+        "unreadable_files": result.unreadable,
+        "has_device_activity": result.has_device_activity,
+        "include_last_step": include_last_step,
         "notes": notes,
         "tables": {
             key: [{column: _json_value(v) for column, v in row.items()} for row in table.to_dict("records")]

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import time
 
-from gpuprof.workloads.gpt2.config import ATTENTIONS, DEVICES, PRECISIONS, SIZES, VARIANTS, TrainConfig
+from gpuprof.workloads.gpt2.config import ATTENTIONS, DEVICES, PARALLELS, PRECISIONS, SIZES, VARIANTS, TrainConfig
 
 _PRESET = "default: from the variant"
 
@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
         help="train the GPT-2 reference workload (baseline or optimized) and record it",
         description="Train GPT-2 (random init) on the Python standard library's sources or your "
         "data, record the run with gpuprof, and print a summary. Under torchrun it runs "
-        "DistributedDataParallel. Flags left out take the variant's value.",
+        "DistributedDataParallel, or FSDP2 with --parallel fsdp. Flags left out take the variant's value.",
     )
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
@@ -52,6 +52,16 @@ def add_parser(subparsers) -> None:
     add(what, "--weight-decay", "AdamW weight decay on weight matrices", type=float)
     add(what, "--seed", "random seed (rank r uses seed + r after the shared model init)", type=int)
     add(what, "--device", "device", choices=DEVICES)
+
+    ranks = parser.add_argument_group("several processes (torchrun)")
+    ranks.add_argument("--parallel", choices=PARALLELS, default=None,
+                       help="ddp: every rank holds the whole model; fsdp: FSDP2 shards parameters, gradients "
+                       "and optimizer state over the ranks (default: ddp)")
+    ranks.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=None,
+                       help="fsdp: free gathered parameters after forward and gather them again in backward "
+                       "(less memory, more communication) (default: on)")
+    ranks.add_argument("--cpu-offload", action="store_true", default=None,
+                       help="fsdp: keep sharded parameters, gradients and optimizer state in host memory")
 
     knobs = parser.add_argument_group("variant knobs")
     knobs.add_argument("--precision", choices=PRECISIONS, default=None,

@@ -19,6 +19,8 @@ from gpuprof.dashboard.downsample import MAX_POINTS, bucket_mean, lttb
 
 GIB = 2**30
 HEATMAP_MAX_STEPS = 400
+# Rows of a rank x step heatmap: past this many ranks, neighbouring ranks share a row.
+HEATMAP_MAX_RANKS = 256
 CHART_HEIGHT_PX = 320
 
 
@@ -112,6 +114,11 @@ _GPU_ROWS = (
 )
 
 
+# The system columns the charts draw (not the throttle reasons: lists are slow to convert).
+SYSTEM_CHART_COLUMNS = ("time_unix_s", "device_index", *(c for _, columns in _GPU_ROWS for c in columns),
+                        "host_cpu_pct", "proc_rss_bytes")
+
+
 def gpu_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
     title = "GPU utilization, SM activity, power, temperature, clocks"
     gpu = system[system["device_index"].notna()] if "device_index" in system.columns else system.iloc[0:0]
@@ -203,8 +210,9 @@ def scaler_panel(steps: pd.DataFrame) -> Panel:
 
 
 def run_panels(run, rank: int) -> list[Panel]:
-    """The Run page's charts for one rank, in page order."""
-    steps, system, layers = (frame[frame["rank"] == rank] for frame in (run.steps, run.system, run.layers))
+    """The Run page's charts for one rank, in page order (only that rank's files are read)."""
+    steps, layers = (run.query.rank_frame(stream, rank) for stream in ("steps", "layers"))
+    system = run.query.rank_frame("system", rank, SYSTEM_CHART_COLUMNS)
     start = run.meta.get("start_unix_s")
     if steps.empty:
         return [Panel("Steps", None, "No steps recorded yet.")]
@@ -220,13 +228,48 @@ def run_panels(run, rank: int) -> list[Panel]:
     ]
 
 
-def rank_step_time_panel(steps: pd.DataFrame) -> Panel:
-    """Step time of every rank over the run: a straggler is the line that sits above the others."""
+RANK_HEATMAPS = {"step time": ("step_time_s", None), **{f"{p} share": (f"{p}_time_s", "step_time_s") for p in PHASES}}
+
+
+def rank_heatmap_panels(query) -> dict[str, Panel]:
+    """Rank x step heatmaps of step time and of each phase's share of it, downsampled by the query
+    engine to at most HEATMAP_MAX_RANKS x HEATMAP_MAX_STEPS cells: a straggler is a bright row."""
+    grid = query.grid("steps", RANK_HEATMAPS, max_ranks=HEATMAP_MAX_RANKS, max_steps=HEATMAP_MAX_STEPS)
+    return {name: _rank_heatmap(grid, name) for name in RANK_HEATMAPS}
+
+
+def _rank_heatmap(grid: pd.DataFrame, name: str) -> Panel:
+    title = f"{name.capitalize()} per rank and step"
+    if grid.empty or grid[name].isna().all():
+        return Panel(title, None, f"No {name} recorded.")
+    scale, unit = (1e3, "ms") if name == "step time" else (100.0, "%")
+    table = grid.pivot_table(index="rank_first", columns="step_first", values=name, aggfunc="first", dropna=False)
+    last_rank = grid.groupby("rank_first")["rank_last"].max()
+    labels = [f"rank {r}" if last_rank[r] == r else f"ranks {r}-{last_rank[r]}" for r in table.index]
+    figure = go.Figure(go.Heatmap(x=table.columns, y=labels, z=table.to_numpy(dtype=float) * scale,
+                                  colorscale="Viridis", colorbar=dict(title=unit)))
+    figure.update_yaxes(autorange="reversed", type="category")
+    note = ""
+    if len(table.columns) < grid["step_last"].max() - grid["step_first"].min() + 1 or len(labels) < last_rank.max() + 1:
+        note = "Averaged over cells of neighbouring steps and ranks (downsampled for display)."
+    return Panel(title, _layout(figure, x_title="step", height=max(CHART_HEIGHT_PX, min(3 * len(labels), 800) + 80)),
+                 note)
+
+
+def rank_detail_panels(query, rank: int) -> list[Panel]:
+    """One rank's step time beside the run's (the slowest rank's, which every rank waits for, and
+    the mean over ranks), then its phases: read from that rank's file alone."""
+    steps = query.rank_frame("steps", rank)
+    if steps.empty:
+        return [Panel(f"Rank {rank}", None, f"Rank {rank} recorded no steps (missing or unreadable).")]
+    run = pd.DataFrame({"slowest": query.step_series("step_time_s", "max"),
+                        "mean": query.step_series("step_time_s", "mean")}).rename_axis("step").reset_index()
     figure = go.Figure([
-        _line(frame, "step", "step_time_s", f"rank {int(rank)}", scale=1e3)
-        for rank, frame in steps.groupby("rank")
+        _line(steps, "step", "step_time_s", f"rank {rank}", scale=1e3),
+        _line(run, "step", "slowest", "slowest rank", scale=1e3, line=dict(dash="dot")),
+        _line(run, "step", "mean", "mean over ranks", scale=1e3, line=dict(dash="dash")),
     ])
-    return Panel("Step time per rank", _layout(figure, x_title="step", y_title="ms"))
+    return [Panel(f"Step time of rank {rank}", _layout(figure, x_title="step", y_title="ms")), phases_panel(steps)]
 
 
 def rank_phase_panel(per_rank: pd.DataFrame) -> Panel:

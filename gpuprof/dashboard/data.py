@@ -102,8 +102,8 @@ class RunEntry:
         return self.meta.get("status") or "unknown"
 
     def load(self):
-        """The full run (steps, samples, events, layers): only pages that plot it ask for it."""
-        return load(str(self.path), self.signature)
+        """The run: its meta, and its streams through `run.query` (nothing is read until asked)."""
+        return load(str(self.path))
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -120,40 +120,31 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(path for path in readable | candidates if path.is_relative_to(root))
 
 
-@st.cache_data(show_spinner="Reading run…", max_entries=32)
-def read(path: str, run_signature: tuple) -> tuple:
-    """(run, reader warnings) for the run at `path`, every stream read (cached until its files change).
-
-    The reader warns about what it had to skip (a torn last line of a killed run); the pages show it.
-    """
+def load(path: str):
+    """The run at `path`: meta only; pages ask its query engine for the few rows they draw, so no
+    page ever holds every stream of every rank (a run of hundreds of ranks would not fit)."""
     from gpuprof.run.reader import load_run
-    from gpuprof.run.schema import STREAMS
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run = load_run(path)
-        for stream in STREAMS:  # the reader loads lazily; the cache must hold the data, not a promise of it
-            getattr(run, stream)
-    return run, tuple(dict.fromkeys(str(warning.message) for warning in caught))
-
-
-def load(path: str, run_signature: tuple):
-    """The run at `path` (see `read`)."""
-    return read(path, run_signature)[0]
+    return load_run(path)
 
 
 @st.cache_data(show_spinner="Diagnosing…", max_entries=32)
 def analyse(path: str, run_signature: tuple):
-    """(meta, summary, ranked findings, reader warnings) of the run at `path`, from the analysis layer.
+    """(meta, summary, ranked findings, reader warnings) of the run at `path`, from the analysis layer
+    (cached until its files change). Small enough to cache and copy cheaply.
 
-    Small enough to cache and copy cheaply, so listing runs never copies their timelines.
+    The reader warns about what it had to skip (a torn last line of a killed run, a damaged rank
+    file); the pages show it.
     """
     from gpuprof.diagnoses.context import RunContext
     from gpuprof.diagnoses.registry import diagnose_context
 
-    run, notes = read(path, run_signature)
-    context = RunContext.of(run)
-    return context.meta, context.summary, diagnose_context(context), notes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        context = RunContext.of(load(path))
+        findings = diagnose_context(context)
+    notes = tuple(dict.fromkeys(str(warning.message) for warning in caught if "gpuprof" in str(warning.message)))
+    return context.meta, context.summary, findings, notes
 
 
 def open_run(root: Path, name: str) -> RunEntry:
@@ -181,15 +172,23 @@ def run_panels(path: str, run_signature: tuple, rank: int) -> list:
     """The Run page's charts for one rank, downsampled (cached: reruns never touch the timelines)."""
     from gpuprof.dashboard.charts import run_panels as build
 
-    return build(load(path, run_signature), rank)
+    return build(load(path), rank)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def rank_panels(path: str, run_signature: tuple, _per_rank) -> list:
-    """The Distributed page's charts: step time per rank and the phases of each rank."""
-    from gpuprof.dashboard.charts import rank_phase_panel, rank_step_time_panel
+@st.cache_data(show_spinner="Drawing the ranks…", max_entries=32)
+def rank_heatmaps(path: str, run_signature: tuple) -> dict:
+    """The Distributed page's rank x step grids (step time and each phase's share), downsampled by the engine."""
+    from gpuprof.dashboard.charts import rank_heatmap_panels
 
-    return [rank_step_time_panel(load(path, run_signature).steps), rank_phase_panel(_per_rank)]
+    return rank_heatmap_panels(load(path).query)
+
+
+@st.cache_data(show_spinner="Reading the rank…", max_entries=64)
+def rank_detail(path: str, run_signature: tuple, rank: int) -> list:
+    """One rank's step time against the run's median rank, and its phases: read on demand, one rank's file."""
+    from gpuprof.dashboard.charts import rank_detail_panels
+
+    return rank_detail_panels(load(path).query, rank)
 
 
 @st.cache_data(show_spinner="Comparing…", max_entries=16)
@@ -197,7 +196,7 @@ def comparison(path_a: str, signature_a: tuple, path_b: str, signature_b: tuple)
     """The analysis layer's comparison of run B against run A."""
     from gpuprof.analysis.run import compare
 
-    return compare(load(path_a, signature_a), load(path_b, signature_b))
+    return compare(load(path_a), load(path_b))
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -207,8 +206,7 @@ def overlay_panels(path_a: str, signature_a: tuple, path_b: str, signature_b: tu
 
     runs = {}
     for label, path, run_signature in (("A", path_a, signature_a), ("B", path_b, signature_b)):
-        steps = load(path, run_signature).steps
-        runs[f"{label} {Path(path).name}"] = steps[steps["rank"] == 0]
+        runs[f"{label} {Path(path).name}"] = load(path).query.rank_frame("steps", 0)
     return [
         overlay_panel(runs, "step_time_s", "Step time", "ms", scale=1e3),
         overlay_panel(runs, "tokens_per_s", "Throughput", "tokens/s"),

@@ -8,7 +8,8 @@ from functools import cached_property
 
 import pandas as pd
 
-from gpuprof.analysis.run.summary import RunSummary, after_warmup, column, measured_samples, primary_device, summarize
+from gpuprof.analysis.run.summary import RunSummary, measured_samples, measured_steps, primary_device, summarize
+from gpuprof.run import query as q
 from gpuprof.errors import GpuprofError
 
 log = logging.getLogger(__name__)
@@ -69,16 +70,51 @@ class RunContext:
         capability = parse_capability(self.device.get("capability"))
         return self.on_gpu and capability is not None and capability >= TENSOR_CORE_MIN_CAPABILITY
 
-    @cached_property
-    def measured(self) -> pd.DataFrame:
-        """Step rows (all ranks) after the warm-up steps the summary excluded."""
-        return after_warmup(self.run.steps, self.summary.warmup)
+    # Data access: the run's streams are aggregated out of core (run.query); rules never load
+    # every row of every rank, which at hundreds of ranks does not fit in memory.
+    def measured(self, aggregates: dict, by: str | None = None) -> pd.DataFrame:
+        """`aggregates` (gpuprof.run.query) over the step rows of all ranks after the warm-up the summary excluded."""
+        return self._aggregate("steps", aggregates, by, tuple(measured_steps(self.summary.warmup)))
+
+    def all_steps(self, aggregates: dict) -> dict:
+        """`aggregates` over every step row of every rank (warm-up included), as a dict of numbers (None when unknown)."""
+        return _row(self._aggregate("steps", aggregates, None, ()))
+
+    def _aggregate(self, stream: str, aggregates: dict, by, where: tuple) -> pd.DataFrame:
+        """One engine query per distinct question: rules that ask the same (memory ones do) share it."""
+        key = ("aggregate", stream, tuple(aggregates.items()), by, where)
+        return self.memo(key, lambda: self.run.query.aggregate(stream, aggregates, by=by, where=list(where)))
 
     @cached_property
-    def device_samples(self) -> pd.DataFrame:
-        """Device rows of the system samples taken during measured steps."""
-        samples = measured_samples(self.run.system, self.run.steps, self.summary.warmup)
-        return samples[column(samples, "device_index").notna()] if not samples.empty else samples
+    def _measured_device_rows(self) -> list:
+        return [q.device_rows(), *measured_samples(self.run.query, self.summary.warmup)]
+
+    def device_samples(self, aggregates: dict) -> dict:
+        """`aggregates` over the device rows of the system samples taken during measured steps."""
+        return _row(self._aggregate("system", aggregates, None, tuple(self._measured_device_rows)))
+
+    def device_sample_counts(self, column: str) -> pd.Series:
+        """How often each entry of a list column (throttle reasons) occurs in the measured device samples."""
+        return self.run.query.list_value_counts("system", column, where=self._measured_device_rows)
+
+    def step_rows(self, where: q.Filter, columns=None) -> pd.DataFrame:
+        """The step rows (all ranks) a query filter keeps: for rare rows (non-finite steps), never all of them."""
+        return self.run.query.frame("steps", columns, where=[where])
+
+    @cached_property
+    def first_rank(self) -> int | None:
+        ranks = self.run.query.ranks_with_steps
+        return ranks[0] if ranks else None
+
+    @cached_property
+    def first_rank_steps(self) -> pd.DataFrame:
+        """Every step of the lowest rank (the loop's own series: loss, grad norm, scaler)."""
+        return self.run.query.rank_frame("steps", self.first_rank if self.first_rank is not None else 0)
+
+    @cached_property
+    def first_rank_layers(self) -> pd.DataFrame:
+        """Per-layer gradient norms of the lowest rank."""
+        return self.run.query.rank_frame("layers", self.first_rank if self.first_rank is not None else 0)
 
     def memo(self, key: str, compute):
         """`compute()`, computed once per run for views that more than one rule derives."""
@@ -86,8 +122,20 @@ class RunContext:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def loop(self, part: str) -> dict:
+        """What capture saw of the training loop itself: meta["loop"][part] for part in model,
+        optimizer, loader, torch ({} when the run did not record it); rules read the loop here."""
+        facts = (self.run.meta.get("loop") or {}).get(part)
+        return facts if isinstance(facts, dict) else {}
+
+    @property
+    def autocast_dtype(self) -> str | None:
+        """The autocast dtype capture saw in the forward (meta["loop"]), None without autocast."""
+        return (self.run.meta.get("loop") or {}).get("autocast_dtype")
+
     def config_value(self, *keys: str):
-        """The first of `keys` present in the run's config (workloads name their knobs differently)."""
+        """The first of `keys` present in the run's config (workloads name their knobs differently).
+        Evidence only: a user's loop has no such config, so no rule may fire on it alone."""
         return next((self.config[key] for key in keys if key in self.config), None)
 
     def events_of(self, *kinds: str) -> pd.DataFrame:
@@ -113,3 +161,10 @@ class RunContext:
     def device_trace(self):
         """The trace analyzer when the traces hold device (GPU) activity, else None."""
         return self.trace if self.trace is not None and self.trace.has_device_activity else None
+
+
+def _row(frame: pd.DataFrame) -> dict:
+    """The single row of an aggregate as plain numbers, None where unknown."""
+    row = frame.iloc[0]
+    return {name: (row[name].item() if hasattr(row[name], "item") else row[name]) if pd.notna(row[name]) else None
+            for name in frame.columns}

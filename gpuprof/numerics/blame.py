@@ -12,6 +12,7 @@ from typing import Any
 
 PHASES = ("forward", "backward", "loss", "optimizer", "state")
 EVENT_KIND = "nonfinite"
+NOT_REPRODUCED = "not reproduced: "  # how a note giving the reason for no blame starts
 
 
 @dataclass
@@ -49,7 +50,9 @@ class Blame:
     def message(self) -> str:
         """One line for people: what went non-finite, where, and in which pass."""
         if not self.reproduced:
-            return f"step {self.step}: non-finite {self.trigger or 'value'}; the re-run stayed finite"
+            why = next((note.removeprefix(NOT_REPRODUCED) for note in self.notes if note.startswith(NOT_REPRODUCED)),
+                       "no blame")
+            return f"step {self.step}: non-finite {self.trigger or 'value'}; not reproduced: {why}"
         where = self.module or "outside any module"
         what = f"{self.first} in {self.tensor}" if self.phase == "state" else f"first {self.first} from {self.op}"
         line = f"step {self.step}: {what} ({self.phase}, {where})"

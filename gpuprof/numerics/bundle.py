@@ -7,8 +7,10 @@ function or class in a bundle from someone else is an error, not code that runs)
 Layout (format "gpuprof-numerics-bundle", version 1):
     step, rank, blame (dict), model_state (state_dict), optimizer (class name + state_dict),
     scaler (state_dict or None), rng, hyper, non_tensor, training, autocast,
-    micro_batches (list of batches), loss ("default" or "custom"), builder (how to rebuild
-    the model from the command line, e.g. {"name": "gpt2", "config": {...}}, or None).
+    micro_batches (list of batches, or of recorded micro-batches, see numerics.tape), loss
+    ("default": model(...).loss, "custom": the caller's loss_fn, "program": the recorded loss
+    calls, or "unavailable: why"), builder (how to rebuild the model from the command line,
+    e.g. {"name": "gpt2", "config": {...}} or {"name": "transformers", "class": ...}, or None).
 """
 
 from __future__ import annotations
@@ -36,6 +38,25 @@ def bundle_path(run_dir: str | os.PathLike, step: int, rank: int) -> Path:
     from gpuprof.run.schema import NUMERICS_DIR
 
     return Path(run_dir) / NUMERICS_DIR / f"step-{step}-rank-{rank}.pt"
+
+
+def builder_for(model) -> dict[str, Any] | None:
+    """How `gpuprof replay` rebuilds a Hugging Face model: its class name in `transformers` and its config."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "to_dict") or not type(model).__module__.startswith("transformers."):
+        return None
+    return {"name": "transformers", "config": {
+        "class": type(model).__name__, "model_config": to_plain(config.to_dict()),
+        "attn_implementation": getattr(config, "_attn_implementation", None)}}
+
+
+def to_plain(value: Any) -> Any:
+    """Config values a weights-only load accepts: numbers, strings, lists and dicts (dtypes become names)."""
+    if isinstance(value, Mapping):
+        return {str(key): to_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(item) for item in value]
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def to_host(value: Any) -> Any:

@@ -7,7 +7,6 @@ user's own objects, hooks and RNG streams are never touched.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -15,19 +14,15 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gpuprof.modules import eager_model
 from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.state import (
     OPTIMIZER_KEY_SEPARATOR, StepInputs, live_tensors, owning_module, set_rng_states,
 )
+from gpuprof.numerics.tape import FORWARD_ARGS, FORWARD_KWARGS, MicroBatch, autocast_as, replay_loss
 from gpuprof.numerics.watch import ModuleTracker, NodeOwners, OpWatch
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
-FORWARD_ARGS, FORWARD_KWARGS = "gpuprof_forward_args", "gpuprof_forward_kwargs"
-
-
-def forward_call(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """A model call recorded during training, as a plain dict (bundles hold plain values only)."""
-    return {FORWARD_ARGS: list(args), FORWARD_KWARGS: dict(kwargs)}
 
 
 def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -38,16 +33,10 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         output = model(**batch)
     else:
         output = model(batch)
-    return output.loss if hasattr(output, "loss") else output
-
-
-def eager_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module under torch.compile and DistributedDataParallel wrappers."""
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            return model
-        model = inner
+    loss = output.loss if hasattr(output, "loss") else output
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError("the model's output holds no loss to re-run (pass loss_fn= to profile())")
+    return loss
 
 
 def private_copy(model, optimizer, scaler):
@@ -122,8 +111,9 @@ def reenact(model, optimizer, scaler, loss_fn: LossFn, micro_batches: list, inpu
 def _run(model, optimizer, scaler, loss_fn, micro_batches, inputs, watch: OpWatch, owners: NodeOwners) -> None:
     for index, batch in enumerate(micro_batches):
         watch.micro_batch, watch.phase = index, "forward"
-        with watch, owners, _autocast(inputs.autocast):
-            loss = loss_fn(model, batch)
+        with watch, owners, autocast_as(inputs.autocast):
+            loss = replay_loss(model, batch, watch.note_loss_call) if isinstance(batch, MicroBatch) \
+                else loss_fn(model, batch)
         watch.end_forward()
         watch.phase = "backward"
         with watch:
@@ -135,15 +125,6 @@ def _run(model, optimizer, scaler, loss_fn, micro_batches, inputs, watch: OpWatc
                 scaler.step(optimizer)
             else:
                 optimizer.step()
-
-
-def _autocast(settings: dict[str, Any] | None):
-    if not settings:
-        return contextlib.nullcontext()
-    device_type = settings["device_type"]
-    if device_type == "cuda" and not torch.cuda.is_available():
-        device_type = "cpu"  # a bundle from a GPU machine replayed on a CPU-only one
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, settings["dtype"]))
 
 
 def _namer(model, optimizer, scaler) -> Callable[[torch.Tensor], str | None]:

@@ -14,17 +14,21 @@ as a `nonfinite` event plus a replay bundle in RUN/numerics/.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from typing import Any, Callable, Mapping
 
 import torch
 
+from gpuprof.capture.distributed import is_sharded, local_tensor
 from gpuprof.numerics import bundle
-from gpuprof.numerics.blame import EVENT_KIND, Blame
-from gpuprof.numerics.forensics import default_loss, eager_model, forward_call, load_state, private_copy, reenact
+from gpuprof.modules import eager_model
+from gpuprof.numerics.blame import EVENT_KIND, NOT_REPRODUCED, Blame
+from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
 from gpuprof.numerics.state import (
-    StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, rng_states,
+    StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, param_names, rng_states,
 )
+from gpuprof.numerics.tape import Tape, TapeError, autocast_now, encode_micro_batch
 from gpuprof.numerics.timeline import LayerGradients, ScalerTimeline, SpikeDetector, oversized_update
 
 logger = logging.getLogger("gpuprof")
@@ -55,7 +59,7 @@ class NumericsMonitor:
 
     def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, *,
                  loss_fn: Callable | None = None, on_nonfinite: str = "record",
-                 options: Mapping[str, Any] | None = None, gradients=None):
+                 options: Mapping[str, Any] | None = None, gradients=None, tape: Tape | None = None):
         from gpuprof.errors import GpuprofError
 
         if on_nonfinite not in POLICIES:
@@ -70,6 +74,7 @@ class NumericsMonitor:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.loss_fn, self.policy = loss_fn, on_nonfinite
         self._gradients = gradients  # capture's GradientCollector: its norms say whether grads are finite
+        self._tape = tape  # what each step computed, for the forensic re-run
         self.stop_training: NonFiniteError | None = None
         self._prof = None
         self._keeper: StateKeeper | None = None
@@ -90,6 +95,11 @@ class NumericsMonitor:
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
         self._prof = prof
+        model = eager_model(self.model)
+        self._names = param_names(model)  # once: the per-step path only looks names up
+        self._param_names = frozenset(self._names.values())
+        self._weights = _WeightSample(model, prof.device, self.options["state_interval"])
+        self._false = torch.zeros((), dtype=torch.bool, device=prof.device)
         if self.options["keep_state"] is not False:
             self._keeper = StateKeeper(prof.device)
         hook = torch._dynamo.disable(prof.collectors.guard(self, "forward_pre_hook", self._on_forward))
@@ -118,15 +128,15 @@ class NumericsMonitor:
     def on_step_end(self, prof, state) -> dict:
         inputs = self._inputs or self._begin_step(state.step)
         inputs.batch = state.batch
+        inputs.tape = self._tape.take() if self._tape is not None else None
         self._kept[state.step] = inputs
         flags = self._flags(state, inputs)
         if self._keeper is not None:
-            bad = flags[: len(_FLAGS)].any()
             if not self._keeps_lazily:
-                self._keeper.freeze_if(bad)
-            elif not inputs.state_kept and bool(bad):  # no update happened, or its gradients looked finite
-                self._keep_state_now(inputs)
-        return {"_numerics_flags": flags.float(), "_numerics_lr": _first_lr(inputs.hyper)}
+                self._keeper.freeze_if(flags[: len(_FLAGS)].any())
+            elif not inputs.state_kept and any(flags[: len(_FLAGS)].tolist()):
+                self._keep_state_now(inputs)  # no update happened, or its gradients looked finite
+        return {"_numerics_flags": flags, "_numerics_lr": _first_lr(inputs.hyper)}
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]
@@ -155,7 +165,7 @@ class NumericsMonitor:
         """Just before the update the weights are still those the step started from."""
         if self._inputs is None:
             return
-        if not bool(torch.isfinite(self._grad_norms(optimizer)).all()):
+        if not all(map(math.isfinite, self._grad_norms(optimizer).tolist())):  # read on the host: no device ops
             self._keep_state_now(self._inputs)
         else:
             self._inputs.updated_first = True
@@ -170,41 +180,40 @@ class NumericsMonitor:
         return torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
 
     def _keep_state_now(self, inputs: StepInputs) -> None:
-        inputs.other_device = self._refresh_keeper(eager_model(self.model), inputs.step, unread_steps=False)
+        model = eager_model(self.model)
+        inputs.other_device = self._refresh_keeper(model, inputs.step, unread_steps=False)
+        inputs.non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names)  # with the tensors
         inputs.state_kept = True
 
     def _refresh_keeper(self, model: torch.nn.Module, step: int, unread_steps: bool) -> dict[str, torch.Tensor]:
         """Copies the live state into the keeper; returns the tensors kept per step instead."""
-        params = {name for name, _ in model.named_parameters()}
         tensors = live_tensors(model, self.optimizer, self.scaler)
-        return self._keeper.refresh(tensors, params, step, unread_steps=unread_steps)
+        return self._keeper.refresh(tensors, self._param_names, step, unread_steps=unread_steps)
 
     def _on_forward(self, module, args, kwargs) -> None:
         if not torch.is_grad_enabled():
             return  # evaluation inside the loop is not part of the step
         if self._inputs is None:
             self._begin_step(self._prof.step_index)
-        self._inputs.forward_calls.append(forward_call(args, kwargs))
 
     def _begin_step(self, step: int) -> StepInputs:
         model = eager_model(self.model)
         keeps_every_step = self._keeper is not None and not self._keeps_lazily
         other = self._refresh_keeper(model, step, unread_steps=bool(self._kept)) if keeps_every_step else {}
+        non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names) if keeps_every_step else {}
         self._inputs = StepInputs(
             step=step, rng=rng_states(), hyper=hyperparameters(self.optimizer), other_device=other,
-            non_tensor=non_tensor_optimizer_state(model, self.optimizer), training=model.training,
-            autocast=_autocast_now(),
+            non_tensor=non_tensor, training=model.training, autocast=autocast_now(),
         )
         absmax = self._keeper.param_absmax() if keeps_every_step else None  # the copy just made
-        self._inputs.param_absmax = absmax if absmax is not None else _absmax(
-            [p.detach() for p in model.parameters() if p.device == self._prof.device], self._prof.device)
+        self._inputs.param_absmax = absmax if absmax is not None else self._weights.absmax(step)
         return self._inputs
 
     def _flags(self, state, inputs: StepInputs) -> torch.Tensor:
-        device = self._prof.device
-        no = torch.zeros((), dtype=torch.bool, device=device)
-        loss_bad = ~state.loss_finite.to(device) if isinstance(state.loss_finite, torch.Tensor) else no
-        grads_bad = ~state.grad_finite.to(device) \
+        """One float vector, in _FLAGS order then the largest |weight|: few small ops, it runs every step."""
+        device, no = self._prof.device, self._false
+        loss_bad = ~state.loss_finite if isinstance(state.loss_finite, torch.Tensor) else no
+        grads_bad = ~state.grad_finite \
             if self.scaler is None and isinstance(state.grad_finite, torch.Tensor) else no
         params_bad = optimizer_bad = no
         interval = self.options["state_interval"]
@@ -213,11 +222,10 @@ class NumericsMonitor:
             params_bad = _any_nonfinite([p.detach() for p in model.parameters()], device)
             optimizer_bad = _any_nonfinite(
                 [t for n, t in live_tensors(model, self.optimizer).items() if "::" in n], device)
-        absmax = inputs.param_absmax if inputs.param_absmax is not None else torch.zeros((), device=device)
+        absmax = inputs.param_absmax if inputs.param_absmax is not None else no
         overflow = self._overflow.update(self.scaler) if self._overflow is not None else None
-        flags = torch.stack([loss_bad, grads_bad, params_bad, optimizer_bad,
-                             overflow.to(device) if overflow is not None else no]).float()
-        return torch.cat([flags, absmax.float().to(device).reshape(1)])
+        values = [loss_bad, grads_bad, params_bad, optimizer_bad, overflow if overflow is not None else no, absmax]
+        return torch.stack([value.to(device) for value in values]).float()  # stack promotes bool to float
 
     # ------------------------------------------------------------------ skip policy
     def _check_grads(self, optimizer, args, kwargs) -> None:
@@ -261,21 +269,49 @@ class NumericsMonitor:
             self.stop_training = NonFiniteError(blame)
 
     def investigate(self, step: int, trigger: str) -> Blame:
-        """Re-runs `step` from its kept state in forensic mode; writes the replay bundle."""
+        """Re-runs `step` from its kept state in forensic mode; writes the replay bundle.
+
+        Never raises: what the flags saw is the answer when the re-run cannot run or fails,
+        with the reason in the notes (a detection is never lost to a forensic failure)."""
+        blame = Blame(step=step, rank=self._prof.ranks.rank, trigger=trigger)
+        try:
+            return self._reenact(step, blame)
+        except Exception as error:  # noqa: BLE001 - our failure, not the user's: report it, keep going
+            logger.warning("gpuprof: forensic re-run of step %d failed: %r", step, error)
+            blame.notes.append(f"{NOT_REPRODUCED}the forensic re-run failed ({error!r})")
+            return blame
+
+    def _reenact(self, step: int, blame: Blame) -> Blame:
+        if is_sharded(self.model):
+            origin = self._gradients.nonfinite_origin(step) if self._gradients is not None else None
+            return _sharded_blame(blame, origin)
         inputs = self._kept.get(step)
         state = self._keeper.state_before(step) if self._keeper is not None and inputs else None
-        blame = Blame(step=step, rank=self._prof.ranks.rank, trigger=trigger)
         if state is None:
-            blame.notes.append("the state before this step was not kept (numerics keep_state off?)")
+            blame.notes.append(NOT_REPRODUCED + "the state before this step was not kept (numerics keep_state off?)")
             return blame
-        micro_batches, loss_fn, loss_kind = self._replay_plan(inputs)
+        micro_batches, loss_fn, loss_kind, missing = self._replay_plan(inputs)
+        blame.notes += missing
         model, optimizer, scaler = private_copy(self.model, self.optimizer, self.scaler)
         load_state(model, optimizer, scaler, state, inputs)
         contents = self._bundle_contents(model, optimizer, scaler, inputs, micro_batches, loss_kind)
-        blame = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=blame.rank)
-        blame.trigger = trigger
-        blame.cause = oversized_update(self._history, step)
-        if trigger == "scaler_overflow":
+        found = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=blame.rank)
+        found.trigger, found.notes = blame.trigger, blame.notes + found.notes
+        found.cause = oversized_update(self._history, step)
+        self._explain(found, inputs)
+        self._save_bundle(found, contents)
+        return found
+
+    def _save_bundle(self, blame: Blame, contents: dict[str, Any]) -> None:
+        path = bundle.bundle_path(self._prof.run_dir, blame.step, blame.rank)
+        try:
+            bundle.save(path, {**contents, "blame": {**blame.details(), "bundle": str(path)}})
+            blame.bundle = str(path)
+        except Exception as error:  # noqa: BLE001 - the blame stands without its bundle
+            blame.notes.append(f"no replay bundle: writing {path} failed ({error!r})")
+
+    def _explain(self, blame: Blame, inputs: StepInputs) -> None:
+        if blame.trigger == "scaler_overflow":
             blame.notes.append(f"GradScaler skipped {PERSISTENT_OVERFLOW_STEPS}+ steps in a row up to here (or its "
                                "scale fell below 1); skipped steps leave the weights as they were")
         if inputs.updated_first:
@@ -283,21 +319,29 @@ class NumericsMonitor:
                                "(numerics keep_state 'when_bad'): if the update itself overflowed it shows as "
                                "phase 'state'; keep_state='every_step' replays it exactly")
         if not blame.reproduced:
-            blame.notes.append("the re-run stayed finite: a non-deterministic kernel, or state changed "
-                               "outside the model, optimizer and scaler")
-        path = bundle.bundle_path(self._prof.run_dir, step, blame.rank)
-        blame.bundle = str(path)
-        bundle.save(path, {**contents, "blame": blame.details()})
-        return blame
+            blame.notes.append(NOT_REPRODUCED + "the re-run stayed finite (a non-deterministic kernel, or state "
+                               "changed outside the model, optimizer and scaler)")
 
-    def _replay_plan(self, inputs: StepInputs):
+    def _replay_plan(self, inputs: StepInputs) -> tuple[list, Any, str, list[str]]:
+        """(micro-batches, loss function, loss kind for the bundle, notes on what could not be kept)."""
         if inputs.batch is not None:
             batches = inputs.batch if isinstance(inputs.batch, list) else [inputs.batch]
-            return batches, self.loss_fn or default_loss, "custom" if self.loss_fn else "default"
-        return list(inputs.forward_calls), default_loss, "default"
+            return batches, self.loss_fn or default_loss, "custom" if self.loss_fn else "default", []
+        tape = inputs.tape
+        if tape is not None and tape.replayable:
+            return list(tape.micro_batches), default_loss, "program", []
+        why = tape.error if tape is not None and tape.error else "no backward() was seen after the model's forward"
+        return list(tape.calls if tape is not None else []), default_loss, "default", [
+            f"the loss computation was not recorded ({why}): re-run as model(...).loss; "
+            "pass loss_fn= and prof.step(batch=...) to replay a custom loss"]
 
     def _bundle_contents(self, model, optimizer, scaler, inputs, micro_batches, loss_kind) -> dict[str, Any]:
         names = {id(p): n for n, p in model.named_parameters()}
+        if loss_kind == "program":
+            try:
+                micro_batches = [encode_micro_batch(micro) for micro in micro_batches]
+            except TapeError as error:
+                micro_batches, loss_kind = [], f"unavailable: {error}"
         return bundle.to_host({
             "step": inputs.step, "rank": self._prof.ranks.rank, "device_type": self._prof.device.type,
             "model_state": model.state_dict(),
@@ -307,7 +351,7 @@ class NumericsMonitor:
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": inputs.rng, "micro_batches": micro_batches, "loss": loss_kind,
             "inputs": {"training": inputs.training, "autocast": inputs.autocast},
-            "builder": self.options["builder"],
+            "builder": self.options["builder"] or bundle.builder_for(model),
         })
 
 
@@ -338,7 +382,7 @@ class _OverflowStreak:
 
 
 def _grads(optimizer) -> list[torch.Tensor]:
-    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return [local_tensor(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
 def _first_lr(hyper: list[dict]) -> float | None:
@@ -346,25 +390,58 @@ def _first_lr(hyper: list[dict]) -> float | None:
     return float(lr) if isinstance(lr, (int, float)) else None
 
 
-def _autocast_now() -> dict[str, str] | None:
-    for device_type in ("cuda", "cpu"):
-        if torch.is_autocast_enabled(device_type):
-            dtype = torch.get_autocast_dtype(device_type)
-            return {"device_type": device_type, "dtype": str(dtype).removeprefix("torch.")}
-    return None
+def _sharded_blame(blame: Blame, origin: tuple[int, str] | None) -> Blame:
+    """A sharded model (FSDP2): the re-run needs every rank's shards in one process, so the flags answer."""
+    if origin is not None:
+        blame.rank, blame.tensor = origin
+        blame.notes.append(f"rank {blame.rank} held the first non-finite gradient shard, of {blame.tensor}")
+    blame.notes.append(NOT_REPRODUCED + "the model is sharded (DTensor parameters, e.g. FSDP2) and the forensic "
+                       "re-run runs on one process with the whole model")
+    return blame
+
+
+def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's shards of DTensors (FSDP2), empty ones left out."""
+    return [t for t in map(local_tensor, tensors) if t.numel()]
 
 
 def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    if not tensors:
-        return torch.zeros((), device=device)
-    if device.type == "cpu":  # there the foreach inf-norm is a scalar loop, 5x slower than aminmax
+    """The largest |value| of every element of `tensors` (this rank's, not empty); NaN if any is NaN."""
+    if device.type == "cpu":  # there the foreach inf-norm is a scalar loop, 5-15x slower than aminmax
         extremes = [torch.aminmax(tensor) for tensor in tensors]  # NaN propagates, like the norm
         return torch.stack([torch.maximum(-low, high) for low, high in extremes]).float().max()
     return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
 
 
 def _any_nonfinite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    floating = [t for t in tensors if t.is_floating_point() and t.device == device]
+    floating = [t for t in _local(tensors) if t.is_floating_point() and t.device == device]
     if not floating:
         return torch.zeros((), dtype=torch.bool, device=device)
-    return ~torch.isfinite(torch.stack(torch._foreach_norm(floating, float("inf")))).all()
+    return ~torch.isfinite(_absmax(floating, device))
+
+
+WEIGHT_SAMPLE = 1024  # elements of each weight read per step for the largest |weight| when no copy is kept
+
+
+class _WeightSample:
+    """The largest |weight| over the first WEIGHT_SAMPLE elements of each weight, per step.
+
+    What oversized_update compares from step to step; an oversized update moves every element
+    it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
+    pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
+    and re-made every `refresh_steps` steps (a weight replaced in between is seen late), so a
+    step costs three small ops.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):
+        self._model, self._device, self._refresh_steps = model, device, refresh_steps
+        self._views: list[torch.Tensor] | None = None
+
+    def absmax(self, step: int) -> torch.Tensor:
+        if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
+            weights = _local([p.detach() for p in self._model.parameters()])
+            self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
+                           if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
+        if not self._views:
+            return torch.zeros((), device=self._device)
+        return torch.cat(self._views).abs().max().float()  # NaN propagates

@@ -18,8 +18,10 @@ from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.bundle import BundleError
 from gpuprof.numerics.forensics import LossFn, default_loss, reenact
 from gpuprof.numerics.state import StepInputs
+from gpuprof.numerics.tape import TapeError, decode_micro_batch
 
-BUILDERS = {"gpt2": ("gpuprof.workloads.gpt2.faults", "replay_model")}
+BUILDERS = {"gpt2": ("gpuprof.workloads.gpt2.faults", "replay_model"),
+            "transformers": ("gpuprof.numerics.replay", "transformers_model")}
 SAME_BLAME_FIELDS = ("step", "phase", "module", "op", "first")
 
 
@@ -39,11 +41,38 @@ def replay(path: str | os.PathLike, *, model: torch.nn.Module | None = None, los
     scaler = _scaler(contents["scaler"], device)
     inputs = StepInputs(step=contents["step"], rng=contents["rng"], hyper=[], other_device={}, non_tensor={},
                         training=contents["inputs"]["training"], autocast=contents["inputs"]["autocast"])
-    micro_batches = _to_device(contents["micro_batches"], device)
-    blame = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=contents["rank"])
+    micro_batches = _micro_batches(contents, device)
+    try:
+        blame = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=contents["rank"])
+    except Exception as error:  # noqa: BLE001 - a bundle this model or loss cannot run is bad input
+        raise BundleError(f"re-running the bundle's step failed: {error!r}") from None
     recorded = Blame.from_details(contents["blame"])
     blame.trigger, blame.cause, blame.bundle = recorded.trigger, recorded.cause, os.fspath(path)
     return blame, recorded
+
+
+def transformers_model(config: dict[str, Any]) -> tuple[torch.nn.Module, None]:
+    """A Hugging Face model from its class name (looked up in `transformers` only) and config."""
+    import transformers
+
+    cls = getattr(transformers, str(config.get("class")), None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise BundleError(f"the bundle's model class {config.get('class')!r} is not a transformers model")
+    model_config = cls.config_class.from_dict(dict(config.get("model_config") or {}))
+    return cls._from_config(model_config, attn_implementation=config.get("attn_implementation")), None
+
+
+def _micro_batches(contents: dict[str, Any], device: torch.device) -> list:
+    loss = str(contents["loss"])
+    if loss.startswith("unavailable"):
+        raise BundleError(f"this bundle cannot replay its loss ({loss})")
+    micro_batches = _to_device(contents["micro_batches"], device)
+    if loss != "program":
+        return micro_batches
+    try:
+        return [decode_micro_batch(micro, device) for micro in micro_batches]
+    except TapeError as error:
+        raise BundleError(f"this bundle's recorded loss cannot be replayed: {error}") from None
 
 
 def same_blame(a: Blame, b: Blame) -> bool:
@@ -60,6 +89,9 @@ def _model_and_loss(contents: dict[str, Any], model, loss_fn):
     module, function = BUILDERS[builder["name"]]
     model, built_loss = getattr(importlib.import_module(module), function)(builder.get("config") or {})
     if contents["loss"] == "custom" and loss_fn is None:
+        if built_loss is None:
+            raise BundleError("this bundle's step used a custom loss_fn, which a bundle cannot carry; replay it "
+                              "from Python with gpuprof.numerics.replay.replay(path, loss_fn=...)")
         loss_fn = built_loss
     return model, loss_fn or default_loss
 

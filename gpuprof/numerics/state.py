@@ -19,10 +19,12 @@ What is kept, and why it costs what it costs:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from gpuprof.capture.distributed import local_tensor
 
 OPTIMIZER_KEY_SEPARATOR = "::"
 SCALER_PREFIX = "scaler" + OPTIMIZER_KEY_SEPARATOR
@@ -33,15 +35,17 @@ def param_names(model: torch.nn.Module) -> dict[int, str]:
 
 
 def live_tensors(model: torch.nn.Module, optimizer=None, scaler=None) -> dict[str, torch.Tensor]:
-    """Every tensor training mutates, by a stable name: `w`, `w::exp_avg`, `scaler::scale`."""
-    tensors = {name: t.detach() for name, t in model.named_parameters()}
-    tensors.update({name: t for name, t in model.named_buffers()})
+    """Every tensor training mutates, by a stable name: `w`, `w::exp_avg`, `scaler::scale`.
+    Of a sharded (DTensor) one, this rank's shard."""
+    named = list(model.named_parameters())
+    tensors = {name: local_tensor(t.detach()) for name, t in named}
+    tensors.update({name: local_tensor(t) for name, t in model.named_buffers()})
     if optimizer is not None:
-        names = param_names(model)
+        names = {id(p): name for name, p in named}
         for param, entries in optimizer.state.items():
             for key, value in entries.items():
                 if isinstance(value, torch.Tensor) and id(param) in names:
-                    tensors[f"{names[id(param)]}{OPTIMIZER_KEY_SEPARATOR}{key}"] = value
+                    tensors[f"{names[id(param)]}{OPTIMIZER_KEY_SEPARATOR}{key}"] = local_tensor(value)
     if scaler is not None and getattr(scaler, "_scale", None) is not None:
         tensors[SCALER_PREFIX + "scale"] = scaler._scale
         tensors[SCALER_PREFIX + "growth_tracker"] = scaler._growth_tracker
@@ -56,12 +60,13 @@ def owning_module(name: str) -> str | None:
     return tensor_name.rsplit(".", 1)[0] if "." in tensor_name else None
 
 
-def non_tensor_optimizer_state(model, optimizer) -> dict[str, Any]:
+def non_tensor_optimizer_state(model, optimizer, names: dict[int, str] | None = None) -> dict[str, Any]:
+    """`names`: param_names(model), when the caller keeps it (it runs every step)."""
     if optimizer is None:
         return {}
-    names = param_names(model)
+    names = names if names is not None else param_names(model)
     return {
-        f"{names[id(param)]}{OPTIMIZER_KEY_SEPARATOR}{key}": copy.deepcopy(value)
+        f"{names[id(param)]}{OPTIMIZER_KEY_SEPARATOR}{key}": _snapshot(value)
         for param, entries in optimizer.state.items() if id(param) in names
         for key, value in entries.items() if not isinstance(value, torch.Tensor)
     }
@@ -71,8 +76,19 @@ def hyperparameters(optimizer) -> list[dict[str, Any]]:
     """Each param group's settings (lr, betas, ...), without the parameters."""
     if optimizer is None:
         return []
-    return [{k: (v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v))
-             for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    return [{k: _snapshot(v) for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+_IMMUTABLE = (int, float, bool, str, type(None))
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy that later in-place changes cannot reach (immutable values as they are: this runs every step)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if type(value) in _IMMUTABLE or (type(value) is tuple and all(type(item) in _IMMUTABLE for item in value)):
+        return value
+    return copy.deepcopy(value)
 
 
 def rng_states() -> dict[str, Any]:
@@ -98,7 +114,7 @@ class StepInputs:
     non_tensor: dict[str, Any]
     training: bool
     autocast: dict[str, Any] | None = None
-    forward_calls: list[dict[str, Any]] = field(default_factory=list)  # forensics.forward_call(...)
+    tape: Any = None  # tape.StepTape: the step's forward calls and loss program
     batch: Any = None
     param_absmax: torch.Tensor | None = None  # largest |weight| at the start of the step (device)
     state_kept: bool = False  # lazy keeping (CPU): whether this step's state was copied

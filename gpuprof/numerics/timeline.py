@@ -16,7 +16,6 @@ import statistics
 from collections import deque
 from typing import Any
 
-from gpuprof.capture.gradients import _combine, block_groups
 
 Event = dict[str, Any]
 
@@ -112,6 +111,10 @@ class LayerGradients:
     """Blocks whose gradient norm is `factor` times above or below the median block (each reported once)."""
 
     def __init__(self, names: list[str], factor: float = 1e3):
+        # Imported here: capture imports torch, which `gpuprof analyze` needs only for a replay.
+        from gpuprof.capture.gradients import _combine, block_groups
+
+        self._combine = _combine
         self.blocks = block_groups(names)
         self.factor = factor
         self._reported: set[tuple[str, str]] = set()
@@ -119,7 +122,7 @@ class LayerGradients:
     def observe(self, step: int, param_grad_norms: list[float] | None) -> list[Event]:
         if not param_grad_norms or len(self.blocks) < 2:
             return []
-        norms = {block: _combine(param_grad_norms, indices) for block, indices in self.blocks.items()}
+        norms = {block: self._combine(param_grad_norms, indices) for block, indices in self.blocks.items()}
         finite = [n for n in norms.values() if math.isfinite(n)]
         median = statistics.median(finite) if finite else 0.0
         if median <= 0:

@@ -27,19 +27,32 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+_GPUPROF_DIR = os.path.dirname(os.path.dirname(__file__))
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 *(os.path.join(_GPUPROF_DIR, part) + os.sep for part in ("numerics", "capture")))
 
 
 def caller_line() -> str | None:
-    """The innermost frame outside torch and gpuprof.numerics, as `file:line in function: code`."""
+    """The innermost frame outside torch and gpuprof's capture and numerics, as `file:line in function: code`."""
+    return format_frame(user_frame())
+
+
+def user_frame() -> tuple[str, int, str] | None:
+    """(file, line, function) of that frame; cheap enough for the training loop (no source read)."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
-            code = linecache.getline(filename, frame.f_lineno).strip()
-            return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}: {code}"
+            return filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None
+
+
+def format_frame(where: tuple[str, int, str] | None) -> str | None:
+    if where is None:
+        return None
+    filename, line, function = where
+    return f"{filename}:{line} in {function}: {linecache.getline(filename, line).strip()}"
 
 
 class ModuleTracker:
@@ -47,6 +60,7 @@ class ModuleTracker:
 
     def __init__(self, model: torch.nn.Module):
         self.stack: list[str] = []
+        self.source_hint: str | None = None  # the user's line of a recorded loss call being replayed
         self.entries = 0
         self._handles = []
         for name, module in model.named_modules():
@@ -86,7 +100,7 @@ class NodeOwners(TorchFunctionMode):
             owner = None
             for value in tree_flatten(out)[0]:
                 if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                    owner = owner or (self.tracker.current, caller_line())
+                    owner = owner or (self.tracker.current, self.tracker.source_hint or caller_line())
                     self._claim(value.grad_fn, owner)
         return out
 
@@ -98,6 +112,10 @@ class NodeOwners(TorchFunctionMode):
                 continue
             self.owner[node] = owner
             pending.extend(parent for parent, _ in node.next_functions)
+
+
+UNINITIALIZED = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                 "aten::new_empty_strided", "aten::empty_permuted"}
 
 
 def _floating(value: Any) -> bool:
@@ -121,6 +139,10 @@ class OpWatch(TorchDispatchMode):
         self.entries_at_found = 0
         self._intentional: dict[int, torch.Tensor] = {}
 
+    def note_loss_call(self, call) -> None:
+        """A recorded loss call is about to run again (None: a model call): its source line is the user's."""
+        self.tracker.source_hint = call.source if call is not None else None
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -129,6 +151,8 @@ class OpWatch(TorchDispatchMode):
         return out
 
     def _check(self, func, args, kwargs, out) -> None:
+        if func._schema.name in UNINITIALIZED:
+            return  # fresh memory holds whatever was there, NaN bit patterns included, until written
         inputs = tree_flatten((args, kwargs))[0]
         written = _mutated(func, args, kwargs)
         candidates = [t for t in [*tree_flatten(out)[0], *written] if _floating(t) and t.numel()]
@@ -172,7 +196,7 @@ class OpWatch(TorchDispatchMode):
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             return self.owners.owner.get(node, (None, None))
-        return self.tracker.current, caller_line()
+        return self.tracker.current, self.tracker.source_hint or caller_line()
 
     def end_forward(self) -> None:
         """Ops outside every module after the model's last module ran are the loss computation."""

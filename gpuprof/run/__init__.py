@@ -1,4 +1,5 @@
-"""The run directory (docs/run-format.md): `load_run`, `discover_runs`; writer.py and reader.py own its files."""
+"""The run directory (docs/run-format.md): `load_run`, `discover_runs`; writer.py, reader.py and
+query.py (out-of-core aggregates over all ranks, `run.query`) own its files."""
 
 from gpuprof.run.reader import Run, discover_runs, load_run
 

@@ -2,9 +2,12 @@
 
     run = load_run("runs/exp1")
     run.meta, run.steps, run.system, run.events, run.layers, run.ranks, run.trace_files, run.trace_windows
+    run.query        # DuckDB aggregates over all ranks without loading them (query.py)
 
-Streams load lazily on first access. A run still being written (or killed) is read
-from its JSON lines; a torn last line is skipped with a warning.
+Streams load lazily on first access, each into pandas: fine for a few ranks; the analysis
+layer asks `run.query` instead, which stays within bounded memory at any number of ranks.
+A run still being written (or killed) is read from its JSON lines; a torn last line is
+skipped with a warning.
 """
 
 from __future__ import annotations
@@ -116,6 +119,14 @@ class Run:
         for path in self.trace_files:
             windows.setdefault(path.parent.name, []).append(path)
         return dict(sorted(windows.items(), key=lambda item: _window_start(item[0])))
+
+    @cached_property
+    def query(self):
+        """Out-of-core aggregates over every rank's streams (gpuprof/run/query.py): what the
+        analysis uses, since `steps`/`system` of hundreds of ranks do not fit in pandas."""
+        from gpuprof.run.query import RunQuery
+
+        return RunQuery(self)
 
     @cached_property
     def steps(self) -> pd.DataFrame:

@@ -11,6 +11,9 @@ FORMAT_VERSION = 1
 RUN_META = "meta.json"
 RANK_META = "meta.json"
 TRACES_DIR = "traces"
+# The record_function range around gpuprof's own step-end work in a trace window, so analyses
+# can tell its host reads of the loss and flags from the loop's own.
+OWN_WORK_RANGE = "gpuprof.bookkeeping"
 SNAPSHOTS_DIR = "snapshots"
 NUMERICS_DIR = "numerics"
 
@@ -35,6 +38,8 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 STREAMS = tuple(STREAM_COLUMNS)
 LIST_COLUMNS = {"system": ("throttle_reasons",)}
+# Booleans (a rank that never wrote one stores an all-null float column instead).
+FLAG_COLUMNS = {"steps": ("grad_norm_finite", "loss_finite", "step_skipped")}
 SORT_KEYS = {
     "steps": ["step", "rank"],
     "system": ["time_unix_s", "rank"],

@@ -1,23 +1,33 @@
 """Writes a run directory (docs/run-format.md). The only code that creates run files.
 
-Each record stream is a JSON lines file written with one `write` + `flush` per batch of
-records, so the OS holds every record the moment `write` returns: a SIGKILL loses
-nothing already written. A failing disk (full, read-only) switches the stream off,
-logged once, and never raises into the training loop.
+Each record stream is a JSON lines file. Events are encoded and handed to the OS (`write` +
+`flush`) the moment they are written; the streams written every step or sample (steps, layers,
+system) are kept in memory and handed over at most BUFFER_S seconds apart, in one `write`, so
+that a fast loop does not pay an encode and a system call per step. Whatever the OS holds
+survives a SIGKILL of the process: such a kill loses at most the last BUFFER_S seconds of those
+streams. A background thread hands them over BUFFER_S after they were written even when the
+loop stalls; a clean close, an exception leaving the loop and interpreter exit write everything.
+A failing disk (full, read-only) switches the stream off, logged once, and never raises into
+the training loop.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gpuprof.run import schema
 
 logger = logging.getLogger("gpuprof")
+
+BUFFER_S = 1.0  # the longest that step, layer and system records stay in memory before the OS has them
+BUFFERED_STREAMS = ("steps", "layers", "system")
 
 
 def _json_default(value: Any):
@@ -41,12 +51,19 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 
 
 class StreamWriter:
-    """One append-only JSON lines stream; thread safe; switches itself off on an OS error."""
+    """One append-only JSON lines stream; thread safe; switches itself off on an OS error.
 
-    def __init__(self, path: Path):
+    buffer_s: how long records may wait in memory before they are encoded and written (0: at once).
+    A record must not be changed after `write`.
+    """
+
+    def __init__(self, path: Path, buffer_s: float = 0.0):
         self.path = path
+        self.buffer_s = buffer_s
         self._lock = threading.Lock()
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._pending: list[Mapping[str, Any]] = []
+        self._last_write_s = time.monotonic()
         self.records_written = 0
 
     @property
@@ -54,22 +71,36 @@ class StreamWriter:
         return self._file is not None
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> None:
-        text = "".join(dumps(record) + "\n" for record in records)
-        if not text:
-            return
         with self._lock:
             if self._file is None:
                 return
-            try:
-                self._file.write(text)
-                self._file.flush()
-                self.records_written += text.count("\n")
-            except (OSError, ValueError) as error:
-                logger.warning("gpuprof: cannot write %s (%s); this stream is switched off", self.path, error)
-                self._close_quietly()
+            self._pending.extend(records)
+            if time.monotonic() - self._last_write_s >= self.buffer_s:
+                self._write_pending()
+
+    def flush(self) -> None:
+        """Hands every pending record to the OS."""
+        with self._lock:
+            if self._file is not None:
+                self._write_pending()
+
+    def _write_pending(self) -> None:
+        records, self._pending = self._pending, []
+        self._last_write_s = time.monotonic()
+        if not records:
+            return
+        try:
+            self._file.write("".join(dumps(record) + "\n" for record in records))
+            self._file.flush()
+            self.records_written += len(records)
+        except (OSError, ValueError) as error:
+            logger.warning("gpuprof: cannot write %s (%s); this stream is switched off", self.path, error)
+            self._close_quietly()
 
     def close(self) -> None:
         with self._lock:
+            if self._file is not None:
+                self._write_pending()
             self._close_quietly()
 
     def _close_quietly(self) -> None:
@@ -90,7 +121,17 @@ class RunWriter:
         self.rank_dir = self.run_dir / schema.rank_dir_name(rank)
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         self._clear_previous_run()
-        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl") for name in schema.STREAMS}
+        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl", BUFFER_S * (name in BUFFERED_STREAMS))
+                        for name in schema.STREAMS}
+        atexit.register(self.flush)  # a loop that never closes the profiler still leaves every record
+        # a loop that stalls (the moment one opens the dashboard) still shows its last steps within BUFFER_S
+        self._stopped = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_every_buffer_s, name="gpuprof-writer", daemon=True)
+        self._flusher.start()
+
+    def _flush_every_buffer_s(self) -> None:
+        while not self._stopped.wait(BUFFER_S):
+            self.flush()
 
     def _clear_previous_run(self) -> None:
         """A new run in the same directory replaces this rank's files of the previous one."""
@@ -103,6 +144,10 @@ class RunWriter:
 
     def write(self, stream: str, records: Iterable[Mapping[str, Any]]) -> None:
         self.streams[stream].write(records)
+
+    def flush(self) -> None:
+        for stream in self.streams.values():
+            stream.flush()
 
     def write_run_meta(self, meta: Mapping[str, Any]) -> None:
         self._write_meta(self.run_dir / schema.RUN_META, meta)
@@ -136,6 +181,9 @@ class RunWriter:
 
     def close(self) -> None:
         """Closes the streams and compacts each to Parquet; a failure leaves the JSON lines."""
+        atexit.unregister(self.flush)
+        self._stopped.set()
+        self._flusher.join()
         for name, stream in self.streams.items():
             stream.close()
             try:

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from gpuprof.analysis.trace import TraceAnalysis, jsonstream
 from gpuprof.analysis.trace.loader import load_trace
-from gpuprof.cli.trace import collect_tables
+from gpuprof.analysis.trace.ranks import analysis_tables
+from gpuprof.cli.trace import TABLES
 from gpuprof.errors import TraceFormatError
 
 
@@ -148,7 +149,7 @@ def test_fuzzed_bytes_of_a_real_trace_either_load_or_raise_trace_format_error(tm
         return
     finally:
         jsonstream.BLOCK_BYTES, jsonstream.WHOLE_DOCUMENT_BYTES = defaults
-    collect_tables(analysis, top=5)  # whatever loads, every analysis runs without crashing
+    analysis_tables(analysis, TABLES, top=5)  # whatever loads, every analysis runs without crashing
 
 
 events_strategy = st.lists(
@@ -180,7 +181,7 @@ def test_fuzzed_event_lists_run_every_analysis_or_raise_trace_format_error(tmp_p
         analysis = TraceAnalysis(path)
     except TraceFormatError:
         return
-    tables = collect_tables(analysis, top=5)
+    tables = analysis_tables(analysis, TABLES, top=5)
     steps = tables["step_breakdown"]
     parts = steps[[c for c in steps.columns if c.endswith("_us") and c not in ("start_us", "end_us", "step_time_us")]]
     assert (parts.sum(axis=1) == steps["step_time_us"]).all()

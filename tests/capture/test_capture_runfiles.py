@@ -68,6 +68,30 @@ def test_clean_close_compacts_to_parquet_with_the_same_values(tmp_path):
     assert set(run.layers["step"]) == {0, 1, 2}
 
 
+def test_buffered_records_reach_the_file_at_flush_and_close(tmp_path):
+    stream = StreamWriter(tmp_path / "steps.jsonl", buffer_s=3600.0)
+    stream.write([{"step": 0}])
+    assert (tmp_path / "steps.jsonl").read_text() == ""  # still in memory: the buffer time has not passed
+    stream.flush()
+    stream.write([{"step": 1}])
+    assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [0]
+    stream.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [0, 1]
+    assert stream.records_written == 2
+
+
+def test_an_unclosed_profiler_leaves_every_record_at_interpreter_exit(tmp_path):
+    script = (
+        "import sys, torch, gpuprof\n"
+        "prof = gpuprof.profile(sys.argv[1], sample_interval_s=0).start()\n"
+        "for step in range(5):\n"
+        "    prof.step(loss=torch.tensor(float(step)))\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], check=True, timeout=120)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "rank-0" / "steps.jsonl").read_text().splitlines()]
+    assert [step["loss"] for step in steps] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
 def test_a_full_disk_switches_the_stream_off_without_raising(caplog):
     stream = StreamWriter(Path("/dev/full"))
     with caplog.at_level(logging.WARNING, logger="gpuprof"):

@@ -132,6 +132,7 @@ class RaisesAtStep:
         return {"flaky_finite": state.grad_finite}
 
 
+@pytest.mark.capture_may_switch_off
 def test_a_raising_collector_is_switched_off_and_training_goes_on(tmp_path, caplog):
     flaky = RaisesAtStep(2)
     bare = train(None, steps=5)

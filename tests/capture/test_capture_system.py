@@ -39,3 +39,18 @@ def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path)
         assert system["time_unix_s"].is_monotonic_increasing
         notice = run.events[run.events["kind"] == "device_metrics_off"]
         assert notice["details"].iloc[0]["reason"].startswith("NVML unavailable")
+
+
+def test_the_rss_read_every_step_agrees_with_psutil_and_follows_the_process():
+    import psutil
+
+    from gpuprof.capture.memory import RssReader
+
+    reader = RssReader()
+    before = reader.rss_bytes()
+    ballast = bytearray(64 * 2**20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # every page touched: resident
+    after, reference = reader.rss_bytes(), psutil.Process().memory_info().rss
+    reader.close()
+    assert abs(after - reference) < 8 * 2**20
+    assert after - before > 56 * 2**20

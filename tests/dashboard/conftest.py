@@ -85,3 +85,15 @@ def traced_root(tmp_path_factory) -> Path:
                 optimizer.zero_grad()
             prof.step(loss=loss, tokens=tokens.numel())
     return root
+
+
+@pytest.fixture(scope="session")
+def many_ranks_root(tmp_path_factory) -> Path:
+    """A folder with one finished 64-rank x 200-step run synthesised by benchmarks/scale.py
+    (straggler: rank 21)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from scale import synthesise
+
+    root = tmp_path_factory.mktemp("many_ranks")
+    synthesise(root / "wide", n_ranks=64, n_steps=200, system_hz=2.0)
+    return root

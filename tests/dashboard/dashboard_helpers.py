@@ -20,10 +20,11 @@ def trace_named(app, name: str) -> dict:
 
 
 def values(trace: dict, axis: str) -> np.ndarray:
-    """A trace's x or y values; Plotly sends numeric arrays base64-encoded."""
+    """A trace's x, y or z values; Plotly sends numeric arrays base64-encoded (2-D ones with their shape)."""
     data = trace[axis]
     if isinstance(data, dict) and "bdata" in data:
-        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=np.dtype(data["dtype"]))
+        flat = np.frombuffer(base64.b64decode(data["bdata"]), dtype=np.dtype(data["dtype"]))
+        return flat.reshape([int(n) for n in str(data["shape"]).split(",")]) if "shape" in data else flat
     return np.asarray(data)
 
 

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +82,20 @@ def write_gpu_run(tmp_path):
     return write
 
 
+CPU_DEVICE = {"index": None, "name": "x86_64", "kind": "cpu", "total_memory_bytes": None, "capability": None}
+
+
+@pytest.fixture
+def write_cpu_run(write_gpu_run):
+    """write(meta=..., step=..., steps=20, traces=()) -> Run: the written run on a CPU (no NVML samples),
+    for thresholds tested on written step streams rather than live timing."""
+
+    def write(*, meta=None, **options):
+        return write_gpu_run(meta={"devices": [CPU_DEVICE], **(meta or {})}, samples=False, **options)
+
+    return write
+
+
 @pytest.fixture
 def gpu_device() -> dict:
     return dict(GPU_META["devices"][0])
@@ -102,10 +115,14 @@ DDP_DATA_DELAY = ("--data-delay-ms", "200")
 RECORDED = {
     "baseline": ((), 1),
     "data_delay": (("--data-delay-ms", str(DATA_DELAY_MS)), 1),
-    # sdpa too: the silent pair of attention-not-fused, and a second change for `compare`.
-    "host_sync": (("--host-sync", "--attention", "sdpa"), 1),
+    # sdpa too: the silent pair of attention-not-fused, and a second change for `compare`; the
+    # trace window (ending with the run) is where host-device-sync sees the loop's loss.item().
+    "host_sync": (("--host-sync", "--attention", "sdpa", "--trace-steps", "3:6"), 1),
     "ddp": (DDP_DATA_DELAY, 2),
     "ddp_straggler": (DDP_DATA_DELAY + ("--straggler-rank", "1", "--straggler-delay-ms", str(STRAGGLER_DELAY_MS)), 2),
+    # FSDP2 over gloo, traced: two processes on a loaded 2-core machine wait on each other's collectives
+    "fsdp": (("--parallel", "fsdp", "--trace-steps", "3:5"), 2),
+    "fsdp_no_reshard": (("--parallel", "fsdp", "--no-reshard-after-forward", "--trace-steps", "3:5"), 2),
 }
 
 
@@ -161,11 +178,9 @@ def recorded_runs(tmp_path_factory, worker_id):
 
 
 # ---------------------------------------------------------------- small real training loops
-# Numerical and step-time problems the reference workload has no knob for are shown by a
-# small real loop recorded with gpuprof.profile. time.sleep stands in for device work so
-# that step times stay steady on a loaded 2-core machine.
+# Numerical problems the reference workload has no knob for are shown by a small real loop
+# recorded with gpuprof.profile (step-time rules are tested on written streams instead).
 LOOP_STEPS = 16
-STEADY_STEP_S = 0.03
 
 
 class Blocks(torch.nn.Module):
@@ -185,13 +200,12 @@ class Blocks(torch.nn.Module):
         return self.head(x)
 
 
-def run_loop(run_dir, *, model=None, corrupt=None, sleep_s=None, fp16_scaler=False,
-             guard_scheduler=True, wrap=None):
+def run_loop(run_dir, *, model=None, corrupt=None, fp16_scaler=False, guard_scheduler=True, wrap=None):
     """A real 16-step loop under gpuprof.profile.
 
-    corrupt(step, x) -> x changes a batch; sleep_s(step) -> seconds of stand-in device work;
-    fp16_scaler: autocast fp16 with a GradScaler and a per-step LR scheduler, stepped only on
-    real optimizer steps when guard_scheduler; wrap(model) -> the module trained (DataParallel).
+    corrupt(step, x) -> x changes a batch; fp16_scaler: autocast fp16 with a GradScaler and a
+    per-step LR scheduler, stepped only on real optimizer steps when guard_scheduler;
+    wrap(model) -> the module trained (DataParallel).
     """
     import gpuprof
 
@@ -209,7 +223,6 @@ def run_loop(run_dir, *, model=None, corrupt=None, sleep_s=None, fp16_scaler=Fal
                 x, y = torch.randn(64, 16), torch.randn(64, 1)
                 x = corrupt(step, x) if corrupt else x
             with prof.phase("forward"):
-                time.sleep(sleep_s(step) if sleep_s else STEADY_STEP_S)
                 with torch.autocast("cpu", dtype=torch.float16, enabled=fp16_scaler):
                     loss = torch.nn.functional.mse_loss(trained(x).float(), y)
             with prof.phase("backward"):
@@ -234,8 +247,6 @@ LOOPS = {
     "healthy": {},
     "corrupt_batch": {"corrupt": lambda step, x: x * 1e3 if step == 12 else x},
     "nan_input": {"corrupt": lambda step, x: x.fill_(float("nan")) if step == 6 else x},
-    "slow_first_step": {"sleep_s": lambda step: 1.0 if step == 0 else STEADY_STEP_S},
-    "periodic_stall": {"sleep_s": lambda step: 0.25 if step % 4 == 3 else STEADY_STEP_S},
     "fp16_guarded": {"fp16_scaler": True},
     "fp16_overflow": {"fp16_scaler": True, "corrupt": overflow_from(8), "guard_scheduler": False},
     "vanishing": {"model_factory": lambda: Blocks(depth=6, activation=torch.nn.Sigmoid, init_gain=0.05)},

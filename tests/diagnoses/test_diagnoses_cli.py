@@ -62,7 +62,7 @@ def test_compare_json_and_text(recorded_runs, schemas):
     validate(document, "gpuprof.compare", schemas)
     appeared = [finding["rule"] for finding in document["findings"]["appeared"]]
     disappeared = [finding["rule"] for finding in document["findings"]["disappeared"]]
-    assert "host-device-sync" in appeared  # --host-sync
+    assert "host-device-sync" in appeared  # --host-sync, seen in its trace window
     assert "attention-not-fused" in disappeared  # --attention sdpa
     text = gpuprof("compare", baseline, changed)
     assert text.returncode == 0 and "+1." in text.stdout and "-1." in text.stdout

@@ -41,16 +41,20 @@ def test_low_gpu_utilization_ignores_warmup_samples(write_gpu_run):
     assert not fired(idle_during_warmup, "low-gpu-utilization")
 
 
+FP32_LOOP = {"compute_dtype": "fp32", "loop": {"torch": {"float32_matmul_precision": "highest",
+                                                         "cuda_matmul_allow_tf32": False}}}
+
+
 def test_fp32_matmul_on_tensor_cores(write_gpu_run):
-    (finding,) = fired(write_gpu_run(meta={"compute_dtype": "fp32"}), "fp32-matmul")
+    (finding,) = fired(write_gpu_run(meta=FP32_LOOP), "fp32-matmul")
     assert finding.evidence["compute_dtype"] == "fp32"
-    assert not fired(write_gpu_run(meta={"compute_dtype": "bf16"}), "fp32-matmul")
-    assert not fired(write_gpu_run(meta={"compute_dtype": "fp32", "config": {"tf32": True}}), "fp32-matmul")
+    assert not fired(write_gpu_run(meta={**FP32_LOOP, "compute_dtype": "bf16"}), "fp32-matmul")
+    assert not fired(write_gpu_run(meta={**FP32_LOOP, "config": {"tf32": False}, "loop": {}}), "fp32-matmul")
 
 
 def test_fp32_matmul_silent_without_tensor_cores(write_gpu_run, gpu_device):
     pascal = [{**gpu_device, "name": "Tesla P100", "capability": "6.0"}]
-    assert not fired(write_gpu_run(meta={"compute_dtype": "fp32", "devices": pascal}), "fp32-matmul")
+    assert not fired(write_gpu_run(meta={**FP32_LOOP, "devices": pascal}), "fp32-matmul")
 
 
 def test_memory_near_limit_and_oom(write_gpu_run, gpu_device):
@@ -96,15 +100,10 @@ def test_gpu_throttling(write_gpu_run):
     assert not fired(idle_only, "gpu-throttling")
 
 
-def test_unfused_optimizer(write_gpu_run):
-    (finding,) = fired(write_gpu_run(meta={"config": {"fused_adamw": False}}), "unfused-optimizer")
-    assert finding.evidence["fused"] is False
-    assert not fired(write_gpu_run(meta={"config": {"fused_adamw": True}}), "unfused-optimizer")
-
-
 def test_non_nccl_backend(write_gpu_run):
-    gloo = {"world_size": 2, "config": {"backend": "gloo"}}
+    gloo = {"world_size": 2, "distributed": {"backend": "gloo", "world_size": 2}}
     (finding,) = fired(write_gpu_run(meta=gloo), "non-nccl-backend")
     assert finding.evidence["backend"] == "gloo"
-    assert not fired(write_gpu_run(meta={"world_size": 2, "config": {"backend": "nccl"}}), "non-nccl-backend")
+    nccl = {"world_size": 2, "distributed": {"backend": "nccl", "world_size": 2}}
+    assert not fired(write_gpu_run(meta=nccl), "non-nccl-backend")
 

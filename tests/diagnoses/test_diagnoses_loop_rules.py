@@ -1,4 +1,5 @@
-"""Numerical and step-time rules on small real training loops recorded with gpuprof.profile.
+"""Numerical rules on small real training loops recorded with gpuprof.profile; step-time rules
+on written step streams.
 
 The reference workload has no knob for a corrupt batch, a NaN input, an fp16 overflow or a
 vanishing gradient, so each problem is made by a real 16-step loop (conftest.LOOPS) and
@@ -11,6 +12,7 @@ import pytest
 
 from gpuprof.diagnoses.context import RunContext
 from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.diagnoses.rules import step_time
 
 all_rules()
 
@@ -28,8 +30,6 @@ def fired(run, rule_id):
         ("gradscaler-trouble", "fp16_overflow", "fp16_guarded"),
         ("lr-step-on-skipped", "fp16_overflow", "fp16_guarded"),
         ("vanishing-gradients", "vanishing", "healthy"),
-        ("warmup-pollution", "slow_first_step", "healthy"),
-        ("step-time-variance", "periodic_stall", "healthy"),
     ],
 )
 def test_rule_fires_on_problem_and_not_on_healthy(loop_runs, rule_id, problem, silent):
@@ -60,11 +60,38 @@ def test_vanishing_gradients_names_the_early_blocks(loop_runs):
     assert {block["layer"] for block in finding.evidence["vanishing_blocks"]} <= {"blocks.0", "blocks.1", "blocks.2"}
 
 
-def test_warmup_pollution_says_how_many_steps_and_why(loop_runs):
-    (finding,) = fired(loop_runs["slow_first_step"], "warmup-pollution")
+# Step-time rules on written step streams: live step times on a loaded machine are not steady
+# enough to keep a healthy run below their thresholds.
+STEADY_S = 0.03
+
+
+def step_times(write_cpu_run, times):
+    return write_cpu_run(step=lambda i: {"step_time_s": times[i]}, steps=len(times))
+
+
+def test_warmup_pollution_says_how_many_steps_and_why(write_cpu_run):
+    (finding,) = fired(step_times(write_cpu_run, [1.0] + [STEADY_S] * 15), "warmup-pollution")
     assert finding.evidence["warmup_steps"] == 1
-    # One 1 s step among 15 of about 30 ms at least doubles the mean.
-    assert finding.evidence["inflation_pct"] > 100
+    # One 1 s step among 15 of 30 ms: the mean of all 16 is 0.0906 s, three times the measured one.
+    assert finding.evidence["inflation_pct"] == pytest.approx(100 * (1.45 / 16 / STEADY_S - 1))
+
+
+def test_warmup_pollution_threshold(write_cpu_run):
+    """A first step that raises the mean by just under / over WARMUP_INFLATION_INFO_PCT."""
+    steps = 16
+    for factor, fires in ((0.9, False), (1.1, True)):
+        extra_s = factor * step_time.WARMUP_INFLATION_INFO_PCT / 100 * STEADY_S * steps
+        run = step_times(write_cpu_run, [STEADY_S + extra_s] + [STEADY_S] * (steps - 1))
+        assert bool(fired(run, "warmup-pollution")) is fires
+
+
+def test_step_time_variance_on_a_periodic_stall(write_cpu_run):
+    stalled = [0.25 if i % 4 == 3 else STEADY_S for i in range(16)]
+    (finding,) = fired(step_times(write_cpu_run, stalled), "step-time-variance")
+    assert finding.evidence["slowest_steps"] == [3, 7, 11, 15]
+    assert finding.evidence["step_time_cv"] >= step_time.STEP_TIME_CV_WARNING
+    jitter = [STEADY_S * (1.1 if i % 2 else 0.9) for i in range(16)]  # cv 0.1
+    assert not fired(step_times(write_cpu_run, jitter), "step-time-variance")
 
 
 def test_dataparallel(loop_runs):

@@ -30,10 +30,10 @@ def test_a_failing_rule_is_logged_and_skipped(write_gpu_run, caplog):
         raise RuntimeError("boom")
 
     try:
-        run = write_gpu_run(meta={"compute_dtype": "fp32"})
+        run = write_gpu_run(step=lambda i: {"data_time_s": 0.1})
         with caplog.at_level(logging.WARNING):
             findings = diagnose(run)
-        assert "fp32-matmul" in [finding.rule for finding in findings]
+        assert "dataloader-bound" in [finding.rule for finding in findings]
         assert "test-always-fails" in caplog.text
         with pytest.raises(RuntimeError):
             diagnose(run, strict=True)

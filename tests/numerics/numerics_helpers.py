@@ -8,6 +8,22 @@ VOCAB = 256
 SMALL = {"model_size": "tiny", "vocab_size": VOCAB, "seq_len": 16, "batch_size": 2, "warmup_steps": 1,
          "log_every": 1000}
 
+# fault, precision, expected step, phase, module, op, first
+FAULT_CASES = [
+    ("attn-overflow@1", "fp16", 1, "forward", "transformer.h.1.attn", "aten::bmm", "inf"),
+    ("embedding-nan@1", "fp32", 1, "state", "transformer.wte", None, "nan"),
+    ("embedding-nan@1", "bf16", 1, "state", "transformer.wte", None, "nan"),
+    ("ignored-labels@1", "fp32", 1, "loss", None, "aten::nll_loss_forward", "nan"),
+    ("ignored-labels@1", "bf16", 1, "loss", None, "aten::nll_loss_forward", "nan"),
+    ("ignored-labels@1", "fp16", 1, "loss", None, "aten::nll_loss_forward", "nan"),
+    ("lr-spike@1", "fp32", 2, "forward", "transformer.h.0.ln_1", "aten::native_layer_norm", "nan"),
+    ("lr-spike@1", "bf16", 2, "forward", "transformer.h.0.ln_1", "aten::native_layer_norm", "nan"),
+    ("sqrt-zero@1", "fp32", 1, "backward", "transformer.h.1.mlp", "aten::div", "inf"),
+    ("sqrt-zero@1", "bf16", 1, "backward", "transformer.h.1.mlp", "aten::div", "inf"),
+    # under fp16 GradScaler skips the step; forensics starts once it has skipped 3 in a row
+    ("sqrt-zero@1", "fp16", 3, "backward", "transformer.h.1.mlp", "aten::div", "inf"),
+]
+
 
 def events(run_dir, kind: str) -> list[dict]:
     """The run's events of one kind, each as its details plus step and message."""

@@ -4,26 +4,12 @@ right step, phase, module and op, and `gpuprof replay` on its bundle prints the 
 from __future__ import annotations
 
 import pytest
+from numerics_helpers import FAULT_CASES as CASES
 from numerics_helpers import events
 
 from gpuprof.cli import main
 from gpuprof.workloads.gpt2 import train
 
-# fault, precision, expected step, phase, module, op, first
-CASES = [
-    ("attn-overflow@1", "fp16", 1, "forward", "transformer.h.1.attn", "aten::bmm", "inf"),
-    ("embedding-nan@1", "fp32", 1, "state", "transformer.wte", None, "nan"),
-    ("embedding-nan@1", "bf16", 1, "state", "transformer.wte", None, "nan"),
-    ("ignored-labels@1", "fp32", 1, "loss", None, "aten::nll_loss_forward", "nan"),
-    ("ignored-labels@1", "bf16", 1, "loss", None, "aten::nll_loss_forward", "nan"),
-    ("ignored-labels@1", "fp16", 1, "loss", None, "aten::nll_loss_forward", "nan"),
-    ("lr-spike@1", "fp32", 2, "forward", "transformer.h.0.ln_1", "aten::native_layer_norm", "nan"),
-    ("lr-spike@1", "bf16", 2, "forward", "transformer.h.0.ln_1", "aten::native_layer_norm", "nan"),
-    ("sqrt-zero@1", "fp32", 1, "backward", "transformer.h.1.mlp", "aten::div", "inf"),
-    ("sqrt-zero@1", "bf16", 1, "backward", "transformer.h.1.mlp", "aten::div", "inf"),
-    # under fp16 GradScaler skips the step; forensics starts once it has skipped 3 in a row
-    ("sqrt-zero@1", "fp16", 3, "backward", "transformer.h.1.mlp", "aten::div", "inf"),
-]
 REPLAYED = {("attn-overflow@1", "fp16"), ("embedding-nan@1", "fp32"), ("lr-spike@1", "fp32"),
             ("sqrt-zero@1", "bf16")}
 

@@ -74,7 +74,8 @@ def test_every_config_knob_has_a_flag():
     argv = ["train", "--model", "gpt2", "--variant", "optimized", "--steps", "7", "--batch-size", "6",
             "--seq-len", "128", "--vocab-size", "4096", "--data", "d.txt", "--dropout", "0.1", "--lr", "0.001",
             "--min-lr-ratio", "0.5", "--warmup-steps", "3", "--weight-decay", "0.05", "--seed", "5",
-            "--device", "cpu", "--precision", "fp16", "--attention", "eager", "--grad-accum", "3",
+            "--device", "cpu", "--precision", "bf16", "--attention", "eager", "--grad-accum", "3",
+            "--parallel", "fsdp", "--no-reshard-after-forward", "--cpu-offload",
             "--num-workers", "1", "--grad-clip", "0.5", "--activation-checkpointing", "--no-fused-adamw",
             "--no-tf32", "--no-pin-memory", "--compile", "--run-dir", "r", "--log-every", "2", "--trace-steps", "2:4",
             "--checkpoint-every", "4", "--checkpoint-dir", "c", "--resume", "x.pt", "--data-delay-ms", "5",
@@ -85,4 +86,4 @@ def test_every_config_knob_has_a_flag():
     unchanged = [name for name in config if name != "variant" and config[name] == defaults[name]]
     assert unchanged == []
     assert (config["model_size"], config["precision"], config["grad_accum"], config["compile"]) == (
-        "gpt2", "fp16", 3, True)
+        "gpt2", "bf16", 3, True)

@@ -13,8 +13,11 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.run import query as q
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+# Phases outside the one that holds DDP's gradient all-reduce (backward): a rank's own work.
+OWN_WORK_PHASES = ("data", "forward", "optimizer", "other")
 
 # Step 0 always pays for lazy init and allocator growth; later leading steps count as
 # warm-up while they are this much slower than the median of the steps after them.
@@ -61,6 +64,8 @@ class RunSummary:
     per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)
     # Run-level time of every recorded step, warm-up included (see `step_times`); not in to_dict.
     step_times: pd.Series = field(default_factory=lambda: pd.Series(dtype=float), repr=False)
+    # Ranks of the world that left no readable steps (killed before writing, folder lost or damaged).
+    missing_ranks: list = field(default_factory=list)
 
     @property
     def peak_memory_bytes(self) -> float | None:
@@ -117,32 +122,28 @@ def detect_warmup(times: pd.Series) -> Warmup:
     return Warmup(n_warm, reason, int(times.index[n_warm]))
 
 
-def after_warmup(frame: pd.DataFrame, warmup: Warmup) -> pd.DataFrame:
-    """The rows of a per-step table that belong to measured (post-warm-up) steps."""
-    if frame.empty or "step" not in frame.columns:
-        return frame
-    return frame[pd.to_numeric(frame["step"], errors="coerce") >= warmup.first_measured_step]
-
-
 def after_warmup_times(times: pd.Series, warmup: Warmup) -> pd.Series:
     """The entries of a `step_times` series that belong to measured (post-warm-up) steps."""
     return times[times.index >= warmup.first_measured_step]
 
 
-def measured_window_start_s(steps: pd.DataFrame, warmup: Warmup) -> float | None:
-    """Wall-clock time at which the first measured step began (the end of the last warm-up step)."""
-    if warmup.n_steps == 0 or steps.empty:
-        return None
-    last_warm = steps[steps["step"] == warmup.first_measured_step - 1]
-    return float(column(last_warm, "time_unix_s").max()) if not last_warm.empty else None
+def run_step_times(query) -> pd.Series:
+    """`step_times` of a whole run, aggregated out of core (the run's ranks never load into pandas)."""
+    return query.step_series("step_time_s", "max")
 
 
-def measured_samples(system: pd.DataFrame, steps: pd.DataFrame, warmup: Warmup) -> pd.DataFrame:
-    """System samples taken while measured steps ran."""
-    start_s = measured_window_start_s(steps, warmup)
-    if system.empty or start_s is None:
-        return system
-    return system[column(system, "time_unix_s") >= start_s]
+def measured_steps(warmup: Warmup) -> list:
+    """Query filter: the step rows of measured (post-warm-up) steps."""
+    return [q.since_step(warmup.first_measured_step)]
+
+
+def measured_samples(query, warmup: Warmup) -> list:
+    """Query filter: system samples taken while measured steps ran (from the end of the last warm-up step)."""
+    if warmup.n_steps == 0:
+        return []
+    end = query.aggregate("steps", {"end_s": q.maximum("time_unix_s")}, where=[q.at_step(warmup.first_measured_step - 1)])
+    start_s = end["end_s"].iloc[0]
+    return [q.since_time(float(start_s))] if pd.notna(start_s) else []
 
 
 def percentile(values: pd.Series, q: float) -> float | None:
@@ -150,50 +151,9 @@ def percentile(values: pd.Series, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def time_weighted(values: pd.Series, weights: pd.Series) -> float | None:
-    known = values.notna() & weights.notna()
-    total = weights[known].sum()
-    return float((values[known] * weights[known]).sum() / total) if total > 0 else None
-
-
-def throughput_tokens_per_s(tokens: pd.Series, total_time_s: float) -> float | None:
-    """Throughput over a set of steps; None when no step recorded its tokens."""
-    if not tokens.notna().any() or not total_time_s > 0:
-        return None
-    return float(tokens.sum() / total_time_s)
-
-
 def max_or_none(values: pd.Series) -> float | None:
     values = values.dropna()
     return float(values.max()) if len(values) else None
-
-
-def phase_split_pct(steps: pd.DataFrame) -> dict:
-    """Share of summed step time spent in each phase; None for phases the run did not time."""
-    total_s = column(steps, "step_time_s").sum()
-    split = {}
-    for phase in PHASES:
-        values = column(steps, f"{phase}_time_s")
-        split[phase] = float(100 * values.sum() / total_s) if total_s > 0 and values.notna().any() else None
-    return split
-
-
-def health(steps: pd.DataFrame) -> dict:
-    """Loss, gradient and GradScaler figures over every step (problems in warm-up count too)."""
-    loss = column(steps, "loss").dropna()
-    grad_norm = column(steps, "grad_norm")
-    scale = column(steps, "scaler_scale").dropna()
-    return {
-        "loss_first": float(loss.iloc[0]) if len(loss) else None,
-        "loss_last": float(loss.iloc[-1]) if len(loss) else None,
-        "nonfinite_loss_steps": count_false(steps, "loss_finite"),
-        "nonfinite_grad_steps": count_false(steps, "grad_norm_finite"),
-        "skipped_steps": count_true(steps, "step_skipped"),
-        "grad_norm_p50": percentile(grad_norm[np.isfinite(grad_norm)], 50),
-        "grad_norm_max": max_or_none(grad_norm[np.isfinite(grad_norm)]),
-        "scaler_scale_last": float(scale.iloc[-1]) if len(scale) else None,
-        "scaler_scale_min": float(scale.min()) if len(scale) else None,
-    }
 
 
 def flag(steps: pd.DataFrame, name: str, default: bool) -> pd.Series:
@@ -203,28 +163,100 @@ def flag(steps: pd.DataFrame, name: str, default: bool) -> pd.Series:
     return steps[name].astype("boolean").fillna(default).astype(bool)
 
 
-def count_true(steps: pd.DataFrame, name: str) -> int:
-    return int(flag(steps, name, False).sum())
+def _known(value) -> float | None:
+    return float(value) if value is not None and pd.notna(value) else None
 
 
-def count_false(steps: pd.DataFrame, name: str) -> int:
-    return int((~flag(steps, name, True)).sum())
+def _figures(query, aggregates: dict, where=()) -> dict:
+    row = query.aggregate("steps", aggregates, where=where).iloc[0]
+    return {name: _known(row[name]) for name in aggregates}
 
 
-def per_rank(measured: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for rank, frame in measured.groupby("rank"):
-        times = column(frame, "step_time_s")
-        row = {"rank": int(rank), "steps": len(frame)}
-        row["step_time_p50_s"] = percentile(times, 50)
-        row["step_time_p90_s"] = percentile(times, 90)
-        for phase in PHASES:
-            row[f"{phase}_time_p50_s"] = percentile(column(frame, f"{phase}_time_s"), 50)
-        row["tokens_per_s"] = throughput_tokens_per_s(column(frame, "tokens"), times.sum())
-        row["mfu"] = time_weighted(column(frame, "mfu"), times)
-        row["peak_mem_allocated_bytes"] = max_or_none(column(frame, "mem_peak_allocated_bytes"))
-        rows.append(row)
-    return pd.DataFrame(rows)
+MEASURED_FIGURES = {
+    "tokens": q.total("tokens"),
+    "mfu": q.weighted_mean("mfu", "step_time_s"),
+    "flops_per_s": q.weighted_mean("flops_per_s", "step_time_s"),
+    "step_time_total_s": q.total("step_time_s"),
+    **{f"{phase}_total_s": q.total(f"{phase}_time_s") for phase in PHASES},
+}
+
+WHOLE_RUN_FIGURES = {
+    "peak_mem_allocated_bytes": q.maximum("mem_peak_allocated_bytes"),
+    "peak_mem_reserved_bytes": q.maximum("mem_reserved_bytes"),
+    "peak_rss_bytes": q.maximum("mem_rss_bytes"),
+    "loss_first": q.first("loss"),
+    "loss_last": q.last("loss"),
+    "nonfinite_loss_steps": q.count_where(q.is_false("loss_finite")),
+    "nonfinite_grad_steps": q.count_where(q.is_false("grad_norm_finite")),
+    "skipped_steps": q.count_where(q.is_true("step_skipped")),
+    "grad_norm_p50": q.quantile(q.finite_only("grad_norm"), 0.5),
+    "grad_norm_max": q.maximum(q.finite_only("grad_norm")),
+    "scaler_scale_last": q.last("scaler_scale"),
+    "scaler_scale_min": q.minimum("scaler_scale"),
+}
+HEALTH_KEYS = ("loss_first", "loss_last", "nonfinite_loss_steps", "nonfinite_grad_steps", "skipped_steps",
+               "grad_norm_p50", "grad_norm_max", "scaler_scale_last", "scaler_scale_min")
+COUNT_KEYS = ("nonfinite_loss_steps", "nonfinite_grad_steps", "skipped_steps")
+
+
+def throughput_tokens_per_s(tokens: float | None, total_time_s: float) -> float | None:
+    """Throughput over a set of steps; None when no step recorded its tokens."""
+    return float(tokens / total_time_s) if tokens is not None and total_time_s > 0 else None
+
+
+def phase_split_pct(figures: dict) -> dict:
+    """Share of summed step time spent in each phase; None for phases the run did not time."""
+    total_s = figures["step_time_total_s"]
+    return {
+        phase: 100 * figures[f"{phase}_total_s"] / total_s
+        if total_s and figures[f"{phase}_total_s"] is not None else None
+        for phase in PHASES
+    }
+
+
+def health(figures: dict) -> dict:
+    """Loss, gradient and GradScaler figures over every step (problems in warm-up count too)."""
+    return {key: int(figures[key] or 0) if key in COUNT_KEYS else figures[key] for key in HEALTH_KEYS}
+
+
+PER_RANK_FIGURES = {
+    "steps": q.count(),
+    "step_time_p50_s": q.quantile("step_time_s", 0.5),
+    "step_time_p90_s": q.quantile("step_time_s", 0.9),
+    **{f"{phase}_time_p50_s": q.quantile(f"{phase}_time_s", 0.5) for phase in PHASES},
+    # Under DDP the gradient all-reduce runs inside backward, so every other phase is a rank's
+    # own work: the rank that is slow there makes all the others wait (the straggler).
+    "own_work_p50_s": q.quantile(q.row_total(*(f"{phase}_time_s" for phase in OWN_WORK_PHASES)), 0.5),
+    "tokens": q.total("tokens"),
+    "step_time_total_s": q.total("step_time_s"),
+    "mfu": q.weighted_mean("mfu", "step_time_s"),
+    "peak_mem_allocated_bytes": q.maximum("mem_peak_allocated_bytes"),
+}
+
+
+def per_rank(query, warmup: Warmup) -> pd.DataFrame:
+    """Figures of each rank over the measured steps, one row per rank."""
+    table = query.aggregate("steps", PER_RANK_FIGURES, by="rank", where=measured_steps(warmup))
+    if table.empty:
+        return pd.DataFrame()
+    known = table["tokens"].notna() & (table["step_time_total_s"] > 0)
+    table["tokens_per_s"] = (table["tokens"] / table["step_time_total_s"]).where(known)
+    table = table.astype({"rank": int, "steps": int})
+    columns = ["rank", "steps", "step_time_p50_s", "step_time_p90_s", *(f"{p}_time_p50_s" for p in PHASES),
+               "own_work_p50_s", "tokens_per_s", "mfu", "peak_mem_allocated_bytes"]
+    return table[columns]
+
+
+def slowest_ranks(per_rank_table: pd.DataFrame, limit: int = 10) -> pd.DataFrame:
+    """The ranks with the most own work per step (the straggler first), against the median rank;
+    ranked by step time when no phase was timed."""
+    if per_rank_table.empty:
+        return pd.DataFrame()
+    key = "own_work_p50_s" if per_rank_table["own_work_p50_s"].notna().any() else "step_time_p50_s"
+    median = per_rank_table[key].median()
+    table = per_rank_table[["rank", "step_time_p50_s", "own_work_p50_s"]].assign(
+        vs_median_pct=100 * (per_rank_table[key] - median) / median if median else np.nan)
+    return table.sort_values(key, ascending=False, ignore_index=True).head(limit)
 
 
 def primary_device(meta: dict) -> dict:
@@ -233,14 +265,17 @@ def primary_device(meta: dict) -> dict:
 
 
 def summarize(run) -> RunSummary:
-    """The run's headline figures, after leaving out warm-up steps (see `detect_warmup`)."""
-    steps = run.steps
-    times = step_times(steps)
+    """The run's headline figures, after leaving out warm-up steps (see `detect_warmup`).
+
+    Computed by the run's query engine (`run.query`), so memory stays bounded at any number of ranks."""
+    query = run.query
+    times = run_step_times(query)
     warmup = detect_warmup(times)
-    measured = after_warmup(steps, warmup)
     measured_times = after_warmup_times(times, warmup)
     mean_s = float(measured_times.mean()) if len(measured_times) else None
-    samples = measured_samples(run.system, steps, warmup)
+    measured = _figures(query, MEASURED_FIGURES, measured_steps(warmup)) if len(times) else dict.fromkeys(MEASURED_FIGURES)
+    whole = _figures(query, WHOLE_RUN_FIGURES) if len(times) else dict.fromkeys(WHOLE_RUN_FIGURES)
+    util = query.aggregate("system", {"mean": q.mean("gpu_util_pct")}, where=measured_samples(query, warmup))
     device = primary_device(run.meta)
     return RunSummary(
         name=run.name,
@@ -256,21 +291,17 @@ def summarize(run) -> RunSummary:
         step_time_p99_s=percentile(measured_times, 99),
         step_time_mean_s=mean_s,
         step_time_cv=float(measured_times.std(ddof=0) / mean_s) if mean_s else None,
-        tokens_per_s=throughput_tokens_per_s(column(measured, "tokens"), measured_times.sum()),
-        mfu=time_weighted(column(measured, "mfu"), column(measured, "step_time_s")),
-        flops_per_s=time_weighted(column(measured, "flops_per_s"), column(measured, "step_time_s")),
-        peak_mem_allocated_bytes=max_or_none(column(steps, "mem_peak_allocated_bytes")),
-        peak_mem_reserved_bytes=max_or_none(column(steps, "mem_reserved_bytes")),
-        peak_rss_bytes=max_or_none(column(steps, "mem_rss_bytes")),
+        tokens_per_s=throughput_tokens_per_s(measured["tokens"], float(measured_times.sum())),
+        mfu=measured["mfu"],
+        flops_per_s=measured["flops_per_s"],
+        peak_mem_allocated_bytes=whole["peak_mem_allocated_bytes"],
+        peak_mem_reserved_bytes=whole["peak_mem_reserved_bytes"],
+        peak_rss_bytes=whole["peak_rss_bytes"],
         device_mem_total_bytes=device.get("total_memory_bytes") if device.get("kind") == "cuda" else None,
-        gpu_util_mean_pct=mean_or_none(column(samples, "gpu_util_pct")),
-        phase_split_pct=phase_split_pct(measured),
-        health=health(steps),
-        per_rank=per_rank(measured) if not measured.empty else pd.DataFrame(),
+        gpu_util_mean_pct=_known(util["mean"].iloc[0]),
+        phase_split_pct=phase_split_pct(measured) if len(times) else dict.fromkeys(PHASES),
+        health=health(whole),
+        per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
         step_times=times,
+        missing_ranks=query.missing_ranks,
     )
-
-
-def mean_or_none(values: pd.Series) -> float | None:
-    values = values.dropna()
-    return float(values.mean()) if len(values) else None

@@ -14,13 +14,14 @@ from functools import cached_property
 import pandas as pd
 
 from gpuprof.analysis.trace import across_ranks, cpu_ops, events, idle, kernels, launches, overlap, steps, syncs
+from gpuprof.analysis.trace import collectives
 from gpuprof.analysis.trace import tensor_cores, temporal
 from gpuprof.analysis.trace.loader import Trace, load_trace
 
 
 class TraceAnalysis:
-    def __init__(self, path, *, include_last_step: bool = False):
-        self.trace: Trace = events.windowed(load_trace(path), include_last_step)
+    def __init__(self, path, *, include_last_step: bool = False, fallback_rank: int | None = None):
+        self.trace: Trace = events.windowed(load_trace(path, fallback_rank), include_last_step)
         self.include_last_step = include_last_step
 
     @property
@@ -59,6 +60,9 @@ class TraceAnalysis:
 
     def comm_comp_overlap(self) -> pd.DataFrame:
         return overlap.comm_comp_overlap(self.trace)
+
+    def collective_times(self) -> pd.DataFrame:
+        return collectives.collective_times(self.trace)
 
     def kernel_launches(self) -> pd.DataFrame:
         return launches.kernel_launches(self.trace)

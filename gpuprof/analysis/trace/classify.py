@@ -78,6 +78,23 @@ PAGEABLE_COPY_RE = re.compile(r"Pageable")
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)|DataLoader.*__next__|^data$")
 CPU_COLLECTIVE_RE = re.compile(r"^(nccl|gloo|mpi|ucc|c10d)[:_]|^record_param_comms$|^c10d::")
 PROFILER_STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+# Collectives by kind, from NCCL/RCCL kernel names (ncclDevKernel_AllGather_RING_LL) and
+# torch.distributed host ops (c10d::_allgather_base_, c10d::_reduce_scatter_base_, gloo:all_reduce).
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "other")
+_COLLECTIVE_KIND_RES = {
+    "all_gather": re.compile(r"all_?gather", re.IGNORECASE),
+    "reduce_scatter": re.compile(r"reduce_?scatter", re.IGNORECASE),
+    "all_reduce": re.compile(r"all_?reduce", re.IGNORECASE),
+}
+# gloo runs a collective on its own threads, as a `gloo:<op>` annotation (gloo may run a
+# reduce-scatter as an all-reduce: the kind comes from the torch.distributed op that issued it).
+GLOO_WORK_RE = re.compile(r"^gloo:")
+C10D_OP_RE = re.compile(r"^c10d::")
+
+
+def collective_kind(name: str) -> str:
+    """One of COLLECTIVE_KINDS for a communication kernel or collective op name."""
+    return next((kind for kind, pattern in _COLLECTIVE_KIND_RES.items() if pattern.search(name)), "other")
 
 
 def kernel_type(name: str) -> str:

@@ -111,10 +111,13 @@ def trace_files(path) -> list[Path]:
     return files
 
 
-def load_trace(path) -> Trace:
-    """Read every rank's file; raise TraceFormatError for anything that is not a usable trace."""
+def load_trace(path, fallback_rank: int | None = None) -> Trace:
+    """Read every rank's file; raise TraceFormatError for anything that is not a usable trace.
+
+    A file that names no rank (no distributedInfo, no rank in its name) takes its position in
+    the list, or `fallback_rank` (a worker given one file of many passes the file's position)."""
     raw = [_read_file(file) for file in trace_files(path)]
-    ranks = _assign_ranks(raw)
+    ranks = _assign_ranks(raw, fallback_rank)
     base = min(r["ts_min"] for r in raw)
     traces = {rank: _rank_trace(rank, item, base) for rank, item in ranks.items()}
     return Trace(ranks=dict(sorted(traces.items())), base_ts_us=int(base))
@@ -199,13 +202,14 @@ def _int_column(values: list) -> np.ndarray:
         return np.array([_as_int(v) for v in values], dtype=np.int64)
 
 
-def _assign_ranks(raw: list[dict]) -> dict[int, dict]:
+def _assign_ranks(raw: list[dict], fallback_rank: int | None = None) -> dict[int, dict]:
     ranks: dict[int, dict] = {}
     for position, item in enumerate(raw):
         rank = item["rank"]
         if rank is None:
             match = _RANK_IN_NAME_RE.search(item["file"].name)
-            rank = int(match.group(1)) if match else (0 if len(raw) == 1 else position)
+            unnamed = fallback_rank if fallback_rank is not None else (0 if len(raw) == 1 else position)
+            rank = int(match.group(1)) if match else unnamed
         if rank in ranks:
             raise TraceFormatError(
                 f"two trace files for rank {rank} ({ranks[rank]['file']}, {item['file']}): "

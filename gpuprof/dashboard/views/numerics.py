@@ -80,7 +80,7 @@ def render(root, entries, selected) -> None:
     st.header(f"Numerics · `{entry.name}`")
     show_findings([f for f in entry.findings if f.rule in NUMERICS_RULES] or [])
     run = entry.load()
-    events = run.events
+    events = run.query.frame("events")
     blame = events[events["kind"].isin(NONFINITE_EVENT_KINDS)] if not events.empty else events
     with section("Non-finite values"):
         st.subheader("Where a value first went non-finite")
@@ -99,7 +99,8 @@ def render(root, entries, selected) -> None:
             st.dataframe(chain(events, None if pd.isna(first_step) else int(first_step)),
                          hide_index=True, key="chain_table")
     with section("Loss and GradScaler"):
-        steps = run.steps[run.steps["rank"] == run.steps["rank"].min()] if not run.steps.empty else run.steps
+        ranks = run.query.ranks_with_steps
+        steps = run.query.rank_frame("steps", ranks[0]) if ranks else run.query.frame("steps", limit=0)
         if not steps.empty:
             show_panel(loss_panel(steps))
             show_panel(scaler_panel(steps))

@@ -1,4 +1,9 @@
-"""Attention computed by the eager softmax(QK^T)V path instead of a fused SDPA kernel."""
+"""Attention computed by the eager softmax(QK^T)V path instead of a fused SDPA kernel.
+
+Read from the model capture saw: a transformers model names its attention implementation
+(`attn_implementation`). A hand-written attention names none and gets no finding: softmax
+ops in a trace also come from routers and distillation losses, so they prove nothing.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,20 @@ UNFUSED_ATTENTION = {"eager", "math", "manual"}
 
 @rule("attention-not-fused")
 def attention_not_fused(ctx):
-    attention = ctx.config_value("attention", "attn_implementation", "sdpa")
-    if attention is False:
-        attention = "eager"
-    if str(attention).lower() not in UNFUSED_ATTENTION:
+    model = ctx.loop("model")
+    implementation = model.get("attn_implementation")
+    if implementation is None or str(implementation).lower() not in UNFUSED_ATTENTION:
         return None
     return Finding(
         rule="attention-not-fused",
         severity=ctx.gpu_warning,
         title="Attention runs the eager path, materialising the full attention matrix",
-        evidence={"attention": attention, "device_kind": ctx.summary.device_kind},
+        evidence={
+            "attention": implementation,
+            "model_class": model.get("class"),
+            "compiled": model.get("compiled"),
+            "device_kind": ctx.summary.device_kind,
+        },
         fix=(
             "Use torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
             "attn_implementation='sdpa'), which dispatches to FlashAttention or memory-efficient "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
+from gpuprof.run import query as q
 
 EXPOSED_COMM_WARNING_PCT = 10.0
 EXPOSED_COMM_CRITICAL_PCT = 30.0
@@ -29,7 +30,7 @@ def communication_bound(ctx):
     if table is None or table["exposed_pct"].max() < EXPOSED_COMM_WARNING_PCT:
         return None
     worst = table.loc[table["exposed_pct"].idxmax()]
-    accumulation = (ctx.config_value("grad_accum", "gradient_accumulation_steps") or 1) > 1
+    accumulation = bool(ctx.measured({"most": q.maximum("micro_batches")})["most"].iloc[0] > 1)
     return Finding(
         rule="communication-bound",
         severity="critical" if worst["exposed_pct"] >= EXPOSED_COMM_CRITICAL_PCT else "warning",

@@ -1,13 +1,18 @@
-"""Steps that wait for the data loader."""
+"""Steps that wait for the data loader.
+
+Read from the measured data phase (the time from one step's end to the next step's first
+forward) and, for the fix, the DataLoader capture saw (workers, pinning, prefetch).
+"""
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.summary import column, percentile
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
+from gpuprof.run import query as q
 
 DATA_SHARE_WARNING_PCT = 15.0
 DATA_SHARE_CRITICAL_PCT = 40.0
+PIN_MEMORY_FIX = " The loader does not pin memory: pin_memory=True lets each batch's copy to the GPU run asynchronously."
 
 
 def fix_for(num_workers) -> str:
@@ -24,24 +29,31 @@ def fix_for(num_workers) -> str:
     )
 
 
+def num_workers(ctx):
+    """From the DataLoader capture saw; a workload's num_workers knob when it saw none."""
+    loader = ctx.loop("loader")
+    return loader.get("num_workers") if loader else ctx.config_value("num_workers")
+
+
 @rule("dataloader-bound")
 def dataloader_bound(ctx):
     data_share_pct = ctx.summary.phase_split_pct.get("data")
     if data_share_pct is None or data_share_pct < DATA_SHARE_WARNING_PCT:
         return None
-    severity = "critical" if data_share_pct >= DATA_SHARE_CRITICAL_PCT else "warning"
+    workers = num_workers(ctx)
     return Finding(
         rule="dataloader-bound",
-        severity=severity,
+        severity="critical" if data_share_pct >= DATA_SHARE_CRITICAL_PCT else "warning",
         title=f"{data_share_pct:.0f}% of step time is spent waiting for the next batch",
         evidence={
             "data_share_pct": data_share_pct,
-            "data_time_p50_s": percentile(column(ctx.measured, "data_time_s"), 50),
+            "data_time_p50_s": ctx.measured({"p50": q.quantile("data_time_s", 0.5)})["p50"].iloc[0],
             "step_time_p50_s": ctx.summary.step_time_p50_s,
-            "num_workers": ctx.config_value("num_workers"),
+            "num_workers": workers,
+            "loader": ctx.loop("loader") or None,
             "threshold_pct": DATA_SHARE_WARNING_PCT,
         },
-        fix=fix_for(ctx.config_value("num_workers")),
+        fix=fix_for(workers) + (PIN_MEMORY_FIX if ctx.on_gpu and ctx.loop("loader").get("pin_memory") is False else ""),
         # Workers can hide the whole wait when they keep up with compute.
         est_gain_pct=data_share_pct,
     )

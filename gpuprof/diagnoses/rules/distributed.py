@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
-from gpuprof.analysis.run.summary import column
+from gpuprof.analysis.run.summary import OWN_WORK_PHASES
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
-# Under DDP the gradient all-reduce runs inside backward, so every other phase is a rank's
-# own work: a rank that is slow there makes all the others wait in their backward.
-OWN_WORK_PHASES = ("data", "forward", "optimizer", "other")
 STRAGGLER_LAG_WARNING_PCT = 10.0
 STRAGGLER_LAG_MIN_S = 0.002
+EVIDENCE_RANKS = 10
 SINGLE_PROCESS_WRAPPERS = {"DataParallel"}
-
-
-def own_work_s(steps: pd.DataFrame) -> pd.Series:
-    """Per-row time outside the phase that holds DDP's collectives (NaN when no phase was timed)."""
-    phases = pd.concat([column(steps, f"{phase}_time_s") for phase in OWN_WORK_PHASES], axis=1)
-    return phases.sum(axis=1, min_count=1)
 
 
 @rule("rank-straggler")
 def rank_straggler(ctx):
-    measured = ctx.measured
-    if ctx.world_size < 2 or measured.empty or measured["rank"].nunique() < 2:
+    # A rank's own work: the summary's per-rank median of the phases outside DDP's collectives.
+    per_rank = ctx.summary.per_rank
+    if ctx.world_size < 2 or len(per_rank) < 2:
         return None
-    per_rank_s = own_work_s(measured).groupby(measured["rank"]).median().dropna()
+    per_rank_s = per_rank.set_index("rank")["own_work_p50_s"].dropna()
     if len(per_rank_s) < 2:
         return None
     slow_rank = int(per_rank_s.idxmax())
@@ -45,7 +36,11 @@ def rank_straggler(ctx):
             "slow_rank": slow_rank,
             "lag_s": lag_s,
             "lag_pct_of_step": lag_pct,
-            "own_work_p50_s_by_rank": {int(rank): float(value) for rank, value in per_rank_s.items()},
+            # the slowest ranks only: a 1024-rank run's every rank would drown the evidence
+            "own_work_p50_s_by_rank": {int(rank): float(value) for rank, value in
+                                       per_rank_s.nlargest(EVIDENCE_RANKS).sort_index().items()},
+            "others_own_work_p50_s": others_s,
+            "ranks": len(per_rank_s),
             "own_work_phases": list(OWN_WORK_PHASES),
             "threshold_pct": STRAGGLER_LAG_WARNING_PCT,
         },
@@ -77,14 +72,9 @@ def dataparallel(ctx):
     )
 
 
-def backend(ctx) -> str | None:
-    recorded = (ctx.meta.get("distributed") or {}).get("backend")
-    return recorded or ctx.config_value("backend", "dist_backend")
-
-
 @rule("non-nccl-backend", gpu_only=True)
 def non_nccl_backend(ctx):
-    name = backend(ctx)
+    name = (ctx.meta.get("distributed") or {}).get("backend")
     if ctx.world_size < 2 or name is None or str(name).lower() == "nccl":
         return None
     return Finding(

@@ -12,7 +12,7 @@ import pandas as pd
 from gpuprof.analysis.run.summary import column
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
-from gpuprof.diagnoses.rules.numerics import detector_events, rank0
+from gpuprof.diagnoses.rules.numerics import detector_events
 from gpuprof.numerics.timeline import LayerGradients, SpikeDetector
 
 
@@ -41,13 +41,13 @@ def replay_blocks(layers: pd.DataFrame) -> list[dict]:
 
 
 def spikes(ctx, name: str, kind: str) -> list[dict]:
-    steps = rank0(ctx.run.steps)
+    steps = ctx.first_rank_steps
     return detector_events(ctx, (kind,), lambda: replay_spikes(steps, name, kind) if not steps.empty else [])
 
 
 def block_outliers(ctx, kind: str) -> list[dict]:
     # One replay yields both exploding and vanishing events: run it once for both rules.
-    return detector_events(ctx, (kind,), lambda: ctx.memo("replayed_blocks", lambda: replay_blocks(ctx.run.layers)))
+    return detector_events(ctx, (kind,), lambda: ctx.memo("replayed_blocks", lambda: replay_blocks(ctx.first_rank_layers)))
 
 
 def event_summary(events: list[dict]) -> list[dict]:

@@ -74,6 +74,7 @@ def pageable_memcpy(ctx):
             "copies": {str(name): int(count) for name, count in pageable.groupby("name")["count"].sum().items()},
             "copy_time_us": int(pageable["total_us"].sum()),
             "copy_share_of_step_pct": share_pct,
+            "loader_pin_memory": ctx.loop("loader").get("pin_memory"),
             "threshold_pct": PAGEABLE_WARNING_PCT_OF_STEP,
         },
         fix=(

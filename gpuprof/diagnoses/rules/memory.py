@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.summary import column, max_or_none
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
+from gpuprof.run import query as q
 
 NEAR_LIMIT_WARNING_FRACTION = 0.90
 NEAR_LIMIT_CRITICAL_FRACTION = 0.97
@@ -18,7 +18,7 @@ def peak_used_bytes(ctx) -> float | None:
     """Peak device memory in use: what the allocator reserved, or NVML's view when larger."""
     candidates = [
         ctx.summary.peak_mem_reserved_bytes,
-        max_or_none(column(ctx.run.steps, "mem_nvml_used_bytes")),
+        ctx.all_steps({"max": q.maximum("mem_nvml_used_bytes")})["max"],
     ]
     known = [value for value in candidates if value is not None]
     return max(known) if known else None
@@ -33,7 +33,7 @@ def memory_fraction(ctx) -> tuple[float, float, float] | None:
 
 
 def oom_count(ctx) -> int:
-    ooms = max_or_none(column(ctx.run.steps, "mem_ooms")) or 0
+    ooms = ctx.all_steps({"max": q.maximum("mem_ooms")})["max"] or 0
     return int(max(ooms, len(ctx.events_of("oom"))))
 
 
@@ -90,13 +90,16 @@ def memory_underused(ctx):
 
 @rule("allocator-fragmentation", gpu_only=True)
 def allocator_fragmentation(ctx):
-    steps = ctx.run.steps
-    # The caching allocator's retry counter is cumulative over the process.
-    retries = int(max_or_none(column(steps, "mem_alloc_retries")) or 0)
-    reserved = column(steps, "mem_reserved_bytes")
-    gap = reserved - column(steps, "mem_allocated_bytes")
-    gap_bytes = max_or_none(gap)
-    gap_fraction = float((gap / reserved).max()) if gap_bytes is not None else 0.0
+    gap = q.difference("mem_reserved_bytes", "mem_allocated_bytes")
+    figures = ctx.all_steps({
+        # The caching allocator's retry counter is cumulative over the process.
+        "retries": q.maximum("mem_alloc_retries"),
+        "gap_bytes": q.maximum(gap),
+        "gap_fraction": q.maximum(q.ratio(gap, "mem_reserved_bytes")),
+    })
+    retries = int(figures["retries"] or 0)
+    gap_bytes = figures["gap_bytes"]
+    gap_fraction = figures["gap_fraction"] or 0.0 if gap_bytes is not None else 0.0
     fragmented = gap_bytes is not None and gap_bytes >= FRAGMENTED_GAP_MIN_BYTES and gap_fraction >= FRAGMENTED_GAP_FRACTION
     if not retries and not fragmented:
         return None

@@ -14,19 +14,13 @@ from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.numerics.blame import EVENT_KIND
 from gpuprof.numerics.timeline import ScalerTimeline
+from gpuprof.run import query as q
 
 # The event that names where a value first went non-finite (the dashboard reads it too).
 NONFINITE_EVENT_KINDS = (EVENT_KIND,)
 LR_ON_SKIPPED_EVENT = "lr_step_on_skipped_step"
 NUMERICS_COLLECTOR = "numerics"
 SCALER_TROUBLE_KINDS = ("scaler_persistent_overflow", "scaler_scale_below_one")
-
-
-def rank0(steps: pd.DataFrame) -> pd.DataFrame:
-    """The lowest rank's steps in order: numerics figures are the same on every DDP rank."""
-    if steps.empty:
-        return steps
-    return steps[steps["rank"] == steps["rank"].min()].sort_values("step")
 
 
 def as_event_dicts(events: pd.DataFrame) -> list[dict]:
@@ -55,9 +49,8 @@ def detector_events(ctx, kinds: tuple[str, ...], replay) -> list[dict]:
 
 @rule("nonfinite-values")
 def nonfinite_values(ctx):
-    steps = ctx.run.steps
-    if steps.empty:
-        return None
+    # Only the rows with a false flag come back: a run of any size has few of them.
+    steps = ctx.step_rows(q.any_false("loss_finite", "grad_norm_finite"))
     bad_loss = ~flag(steps, "loss_finite", True)
     # A non-finite gradient GradScaler caught and skipped is its normal calibration, not damage.
     bad_grad = ~flag(steps, "grad_norm_finite", True) & ~flag(steps, "step_skipped", False)
@@ -99,7 +92,7 @@ def replay_scaler(steps: pd.DataFrame) -> list[dict]:
 
 @rule("gradscaler-trouble")
 def gradscaler_trouble(ctx):
-    steps = rank0(ctx.run.steps)
+    steps = ctx.first_rank_steps  # numerics figures are the same on every DDP rank
     if steps.empty or column(steps, "scaler_scale").isna().all():
         return None
     trouble = detector_events(ctx, SCALER_TROUBLE_KINDS, lambda: replay_scaler(steps))

@@ -1,38 +1,49 @@
-"""A per-parameter (for-loop) optimizer step on CUDA where a fused kernel exists."""
+"""An optimizer that updates parameters tensor by tensor where one fused kernel exists.
+
+Read from the optimizer capture saw (its class, `fused`/`foreach` defaults and whether torch
+has a fused kernel for it on the run's device) and the measured optimizer phase.
+"""
 
 from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
-FUSABLE = {"adam", "adamw", "sgd", "adagrad"}
 # Below this share of step time the optimizer step is not worth a warning.
 OPTIMIZER_SHARE_WARNING_PCT = 5.0
 
 
-def optimizer_facts(ctx) -> dict:
-    """What the run recorded about its optimizer: meta['optimizer'] from capture, else config knobs."""
-    facts = dict(ctx.meta.get("optimizer") or {})
-    if "fused" not in facts and ctx.config_value("fused_adamw", "fused_optimizer") is not None:
-        facts.setdefault("class", "AdamW")
-        facts["fused"] = bool(ctx.config_value("fused_adamw", "fused_optimizer"))
-    return facts
+def implementation(facts: dict, on_gpu: bool) -> str:
+    """What torch runs: foreach (multi-tensor) is its default on CUDA, a per-tensor loop elsewhere."""
+    if facts.get("fused"):
+        return "fused"
+    foreach = facts.get("foreach")
+    return "foreach" if foreach or (foreach is None and on_gpu) else "for-loop"
 
 
-@rule("unfused-optimizer", gpu_only=True)
+@rule("unfused-optimizer")
 def unfused_optimizer(ctx):
-    facts = optimizer_facts(ctx)
-    name = str(facts.get("class", "")).lower()
-    if name not in FUSABLE or facts.get("fused") is not False:
+    facts = ctx.loop("optimizer")
+    if not facts.get("fused_supported") or facts.get("fused"):
         return None
     optimizer_share_pct = ctx.summary.phase_split_pct.get("optimizer")
+    name = facts.get("class")
+    runs = implementation(facts, ctx.on_gpu)
     return Finding(
         rule="unfused-optimizer",
         severity="warning" if (optimizer_share_pct or 0) >= OPTIMIZER_SHARE_WARNING_PCT else "info",
-        title=f"{facts.get('class')} updates parameters without the fused CUDA kernel",
-        evidence={**facts, "optimizer_share_pct": optimizer_share_pct},
+        title=f"{name} updates parameters with its {runs} implementation, not the fused kernel",
+        evidence={
+            "class": name,
+            "implementation": runs,
+            "fused": facts.get("fused"),
+            "foreach": facts.get("foreach"),
+            "param_groups": facts.get("param_groups"),
+            "optimizer_share_pct": optimizer_share_pct,
+            "threshold_pct": OPTIMIZER_SHARE_WARNING_PCT,
+        },
         fix=(
-            f"torch.optim.{facts.get('class')}(params, ..., fused=True): one kernel for all parameters "
-            "instead of several per tensor (gpuprof train: --fused-adamw)."
+            f"torch.optim.{name}(params, ..., fused=True): one kernel for all parameters instead of "
+            "several per tensor (gpuprof train: --fused-adamw)."
         ),
     )

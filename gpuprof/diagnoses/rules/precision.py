@@ -1,7 +1,8 @@
 """Matmuls in full fp32 on a GPU that has tensor cores.
 
-Seen in the run's compute dtype (what capture recorded from the autocast state, else the
-config), or in the device trace: the share of matmul time spent in tensor-core kernels.
+Seen in what the loop ran (the autocast dtype capture saw in the forward, else the compute
+dtype it recorded, and torch's TF32 settings at start), or in the device trace: the share
+of matmul time spent in tensor-core kernels.
 """
 
 from __future__ import annotations
@@ -10,12 +11,22 @@ from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
 FP32_NAMES = {"fp32", "float32"}
+# torch.set_float32_matmul_precision levels that let fp32 matmuls use TF32 (or bf16) tensor cores.
+TENSOR_CORE_FP32_PRECISIONS = {"high", "medium"}
 TENSOR_CORE_MATMUL_MIN_PCT = 50.0
 
 
 def compute_dtype(ctx) -> str | None:
-    recorded = ctx.meta.get("compute_dtype") or ctx.config_value("precision", "dtype")
+    recorded = ctx.autocast_dtype or ctx.meta.get("compute_dtype")
     return None if recorded is None else str(recorded).lower()
+
+
+def tf32_enabled(ctx) -> bool | None:
+    """Whether fp32 matmuls may use TF32, from torch's settings at start (None when not recorded)."""
+    settings = ctx.loop("torch")
+    if not settings:
+        return None
+    return bool(settings.get("cuda_matmul_allow_tf32")) or settings.get("float32_matmul_precision") in TENSOR_CORE_FP32_PRECISIONS
 
 
 def trace_tensor_core_pct(ctx) -> float | None:
@@ -31,9 +42,10 @@ def fp32_matmul(ctx):
     if not ctx.has_tensor_cores:
         return None
     dtype, tensor_core_pct = compute_dtype(ctx), trace_tensor_core_pct(ctx)
-    fp32_config = dtype in FP32_NAMES and not ctx.config_value("tf32")
+    tf32 = tf32_enabled(ctx)
+    fp32_settings = dtype in FP32_NAMES and tf32 is False
     idle_tensor_cores = tensor_core_pct is not None and tensor_core_pct < TENSOR_CORE_MATMUL_MIN_PCT
-    if not (idle_tensor_cores or (fp32_config and tensor_core_pct is None)):
+    if not (idle_tensor_cores or (fp32_settings and tensor_core_pct is None)):
         return None
     device = ctx.device
     return Finding(
@@ -43,7 +55,8 @@ def fp32_matmul(ctx):
         + (f" ({tensor_core_pct:.0f}% of matmul time on tensor cores)" if tensor_core_pct is not None else ""),
         evidence={
             "compute_dtype": dtype,
-            "tf32": ctx.config_value("tf32"),
+            "tf32": tf32,
+            "float32_matmul_precision": ctx.loop("torch").get("float32_matmul_precision"),
             "tensor_core_matmul_pct": tensor_core_pct,
             "device_name": device.get("name"),
             "capability": device.get("capability"),

@@ -19,7 +19,7 @@ def step_time_variance(ctx):
     if summary.step_time_cv < STEP_TIME_CV_WARNING:
         return None
     times = summary.measured_step_times
-    slow = times[times > summary.step_time_p90_s]
+    slow = times[times >= summary.step_time_p90_s]
     return Finding(
         rule="step-time-variance",
         severity="warning",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.summary import column
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
+from gpuprof.run import query as q
 
 GPU_UTIL_WARNING_PCT = 70.0
 GPU_UTIL_CRITICAL_PCT = 40.0
@@ -14,9 +14,10 @@ MIN_SAMPLES = 5
 
 def busy_pct(ctx) -> tuple[float, dict] | None:
     """Mean GPU busy share and where it comes from."""
-    util = column(ctx.device_samples, "gpu_util_pct").dropna()
-    if len(util) >= MIN_SAMPLES:
-        return float(util.mean()), {"source": "nvml", "samples": len(util), "gpu_util_p10_pct": float(util.quantile(0.1))}
+    util = ctx.device_samples({"mean": q.mean("gpu_util_pct"), "samples": q.count("gpu_util_pct"),
+                               "p10": q.quantile("gpu_util_pct", 0.1)})
+    if util["samples"] >= MIN_SAMPLES:
+        return util["mean"], {"source": "nvml", "samples": util["samples"], "gpu_util_p10_pct": util["p10"]}
     trace = ctx.device_trace
     temporal = trace.temporal_breakdown() if trace is not None else None
     if temporal is None or temporal.empty:

@@ -1,9 +1,13 @@
 """Checkpoints that let a run continue exactly where it stopped.
 
-One file per save, `CHECKPOINT_DIR/step-000100.pt`, holding the model, optimizer and
-GradScaler states, the next step, the data position, and every rank's RNG states
-(torch, CUDA, numpy, Python). Only tensors and plain containers go in, so the file
-loads with `torch.load(weights_only=True)`.
+Replicated models (one process, DDP): one file per save, `CHECKPOINT_DIR/step-000100.pt`,
+holding the model and optimizer states plus the trainer state: the next step, the GradScaler,
+the data position, and every rank's RNG states (torch, CUDA, numpy, Python). Only tensors and
+plain containers go in, so the file loads with `torch.load(weights_only=True)`.
+
+Sharded models (FSDP2): one folder per save, `CHECKPOINT_DIR/step-000100/`, written by
+torch.distributed.checkpoint (each rank its own shards of the model and optimizer, so no rank
+ever holds the whole state) plus `trainer.pt`, the same trainer state, written by rank 0.
 """
 
 from __future__ import annotations
@@ -38,37 +42,73 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def save(directory: str | Path, *, step: int, model, optimizer, scaler, data_position: dict,
-         rng_states: list[dict], config: dict) -> Path:
-    """Write the state before `step` (the next step to run); returns the file written."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step-{step:06d}.pt"
-    state = {
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-        "data": data_position,
-        "rng": rng_states,
-        "config": config,
-    }
+TRAINER_FILE = "trainer.pt"
+
+
+def trainer_state(*, step: int, scaler, data_position: dict, rng_states: list[dict], config: dict) -> dict:
+    """Everything but the model and optimizer: `step` is the next step to run."""
+    return {"step": step, "scaler": scaler.state_dict(), "data": data_position, "rng": rng_states, "config": config}
+
+
+def save(directory: str | Path, trainer: dict, *, model, optimizer) -> Path:
+    """Write one file holding the whole state; returns it."""
+    path = _step_path(directory, trainer["step"]).with_suffix(".pt")
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
+    torch.save({**trainer, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
     os.replace(tmp, path)
     return path
 
 
-def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or the latest one in a checkpoint folder."""
+def save_sharded(directory: str | Path, trainer: dict, *, model, optimizer, is_main: bool) -> Path:
+    """Every rank calls this (it is collective): each writes its shards; rank 0 the trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = _step_path(directory, trainer["step"])
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+    if is_main:
+        torch.save(trainer, path / TRAINER_FILE)
+    return path
+
+
+def load_sharded(path: str | Path, *, model, optimizer) -> dict:
+    """Loads this rank's shards into `model` and `optimizer` in place; returns the trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = resolve(path, sharded=True)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    try:
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    except Exception as error:  # a checkpoint of another model or size is the user's input
+        raise GpuprofError(f"cannot load sharded checkpoint {path} into this model: {error}".splitlines()[0]) from error
+    return torch.load(path / TRAINER_FILE, weights_only=True)
+
+
+def _step_path(directory: str | Path, step: int) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"step-{step:06d}"
+
+
+def resolve(path: str | Path, sharded: bool = False) -> Path:
+    """A checkpoint (a file, or for `sharded` a step folder), or the latest one in a checkpoint folder."""
     path = Path(path)
+    if sharded and (path / TRAINER_FILE).is_file():
+        return path
     if path.is_dir():
-        saved = sorted(path.glob("step-*.pt"))
+        pattern = "step-*/" + TRAINER_FILE if sharded else "step-*.pt"
+        saved = sorted(path.glob(pattern))
         if not saved:
-            raise GpuprofError(f"no checkpoint (step-*.pt) in {path}")
-        return saved[-1]
+            raise GpuprofError(f"no {'sharded ' if sharded else ''}checkpoint ({pattern}) in {path}")
+        return saved[-1].parent if sharded else saved[-1]
     if not path.is_file():
         raise GpuprofError(f"checkpoint {path} does not exist")
+    if sharded:
+        raise GpuprofError(f"{path} is a single-file checkpoint; --parallel fsdp resumes from a step-* folder")
     return path
 
 
@@ -80,7 +120,7 @@ def load(path: str | Path, device: torch.device) -> dict:
         raise GpuprofError(f"cannot read checkpoint {path}: {error}".splitlines()[0]) from error
 
 
-def restore(state: dict, *, model, optimizer, scaler) -> None:
+def restore(state: dict, *, model, optimizer) -> None:
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:
@@ -88,4 +128,3 @@ def restore(state: dict, *, model, optimizer, scaler) -> None:
             f"checkpoint does not fit this model (was it saved with another --model or --vocab-size?)"
         ) from error
     optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])

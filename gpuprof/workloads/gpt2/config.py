@@ -40,6 +40,9 @@ SIZES = {
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 ATTENTIONS = ("eager", "sdpa")
 DEVICES = ("auto", "cpu", "cuda")
+# Under torchrun: DistributedDataParallel (every rank holds the whole model) or FSDP2
+# (`fully_shard` per block and on the root: parameters, gradients and optimizer state sharded).
+PARALLELS = ("ddp", "fsdp")
 
 # The knobs a variant decides. Activation checkpointing and torch.compile stay off in
 # `optimized` too: they are toggles (memory for speed, compile time for speed).
@@ -88,6 +91,10 @@ class TrainConfig:
     weight_decay: float = 0.1
     seed: int = 1337
     device: str = "auto"
+    # Several processes (torchrun): how the model is spread over them.
+    parallel: str = "ddp"
+    reshard_after_forward: bool = True  # fsdp: free gathered parameters after forward (gather again in backward)
+    cpu_offload: bool = False  # fsdp: keep sharded parameters, gradients and optimizer state in host memory
     # Variant knobs (None: from the preset).
     precision: str | None = None
     attention: str | None = None
@@ -145,6 +152,12 @@ class TrainConfig:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("parallel", self.parallel, PARALLELS)
+        if self.parallel != "fsdp" and (self.cpu_offload or not self.reshard_after_forward):
+            raise GpuprofError("--cpu-offload and --no-reshard-after-forward need --parallel fsdp")
+        if self.parallel == "fsdp" and self.precision == "fp16":
+            raise GpuprofError("--parallel fsdp runs bf16 or fp32: fp16 needs a GradScaler that agrees across "
+                               "shards, which this workload does not use")
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "vocab_size", "log_every"):
             if getattr(self, name) < 1:
                 raise GpuprofError(f"{name} must be at least 1, got {getattr(self, name)}")

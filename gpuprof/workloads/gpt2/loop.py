@@ -30,7 +30,7 @@ from gpuprof.workloads.gpt2.model import (
 @dataclass
 class Session:
     """Everything one rank trains with. `model` is what runs forward (maybe compiled and
-    DDP-wrapped); `raw_model` is the plain GPT2LMHeadModel underneath."""
+    DDP-wrapped); `raw_model` is the GPT2LMHeadModel underneath (under fsdp: sharded in place)."""
 
     config: TrainConfig
     placement: distributed.Placement
@@ -69,7 +69,7 @@ def train(config: TrainConfig) -> TrainResult:
 
 
 def prepare(config: TrainConfig) -> Session:
-    placement = distributed.setup(config.device)
+    placement = distributed.setup(config.device, config.parallel)
     device = placement.device
     if config.run_dir is not None:  # one run directory for all ranks: rank 0's
         config = dataclasses.replace(config, run_dir=distributed.all_gather(placement, config.run_dir)[0])
@@ -80,19 +80,18 @@ def prepare(config: TrainConfig) -> Session:
     torch.manual_seed(config.seed)  # the same initial weights on every rank and variant
     raw_model = Injector.from_specs(config.inject).prepare_model(build_model(config)).to(device)
     seed_everything(config.seed + placement.rank)  # then per-rank streams (dropout, ...)
-    optimizer = build_optimizer(raw_model, config)
     dtype = compute_dtype(config, device)
+    if _sharded(config):  # before the optimizer: it must see the sharded parameters
+        distributed.shard(raw_model, dtype, reshard_after_forward=config.reshard_after_forward,
+                          cpu_offload=config.cpu_offload)
+    optimizer = build_optimizer(raw_model, config)
     scaler = grad_scaler(dtype, device)
     start_step = 0
     if config.resume:
-        start_step = _resume(config.resume, raw_model, optimizer, scaler, batches, placement)
+        start_step = _resume(config, raw_model, optimizer, scaler, batches, placement)
     model = torch.compile(raw_model) if config.compile else raw_model
-    if placement.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(
-            model, device_ids=[placement.local_rank] if device.type == "cuda" else None
-        )
+    if not _sharded(config):
+        model = distributed.replicate(model, placement)
     return Session(config, placement, model, raw_model, optimizer, scaler, dtype, batches, start_step)
 
 
@@ -191,11 +190,18 @@ def run_config(session: Session) -> dict:
 # --------------------------------------------------------------------------- helpers
 
 
+def _sharded(config: TrainConfig) -> bool:
+    return config.parallel == "fsdp"
+
+
 def _gradient_sync(session: Session, enabled: bool):
-    """DDP all-reduces gradients only on the last micro-batch of a step."""
-    if enabled or not session.placement.distributed:
+    """DDP all-reduces (FSDP reduce-scatters) gradients only on the last micro-batch of a step."""
+    if not session.placement.distributed:
         return contextlib.nullcontext()
-    return session.model.no_sync()
+    if _sharded(session.config):
+        session.raw_model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if enabled else session.model.no_sync()
 
 
 def _straggle(session: Session) -> None:
@@ -216,18 +222,20 @@ def _synchronized_time(device: torch.device) -> float:
 
 
 def _maybe_checkpoint(session: Session, next_step: int) -> None:
-    config = session.config
+    config, placement = session.config, session.placement
     every = config.checkpoint_every
     if not every or (next_step % every and next_step != config.steps):
         return
-    rng_states = distributed.all_gather(session.placement, checkpoint.rng_state())
-    if session.placement.is_main:
-        checkpoint.save(
-            _checkpoint_dir(config), step=next_step, model=session.raw_model,
-            optimizer=session.optimizer, scaler=session.scaler,
-            data_position=session.batches.position, rng_states=rng_states, config=config.as_dict(),
-        )
-    distributed.barrier(session.placement)
+    trainer = checkpoint.trainer_state(
+        step=next_step, scaler=session.scaler, data_position=session.batches.position,
+        rng_states=distributed.all_gather(placement, checkpoint.rng_state()), config=config.as_dict(),
+    )
+    if _sharded(config):  # every rank writes its own shards
+        checkpoint.save_sharded(_checkpoint_dir(config), trainer, model=session.raw_model,
+                                optimizer=session.optimizer, is_main=placement.is_main)
+    elif placement.is_main:
+        checkpoint.save(_checkpoint_dir(config), trainer, model=session.raw_model, optimizer=session.optimizer)
+    distributed.barrier(placement)
 
 
 def _checkpoint_dir(config: TrainConfig) -> str:
@@ -238,9 +246,13 @@ def _checkpoint_dir(config: TrainConfig) -> str:
     return "checkpoints"
 
 
-def _resume(path, raw_model, optimizer, scaler, batches, placement) -> int:
-    state = checkpoint.load(path, placement.device)
-    checkpoint.restore(state, model=raw_model, optimizer=optimizer, scaler=scaler)
+def _resume(config: TrainConfig, raw_model, optimizer, scaler, batches, placement) -> int:
+    if _sharded(config):
+        state = checkpoint.load_sharded(config.resume, model=raw_model, optimizer=optimizer)
+    else:
+        state = checkpoint.load(config.resume, placement.device)
+        checkpoint.restore(state, model=raw_model, optimizer=optimizer)
+    scaler.load_state_dict(state["scaler"])
     batches.restore(state["data"])
     rng_states = state["rng"]
     checkpoint.set_rng_state(rng_states[placement.rank % len(rng_states)])

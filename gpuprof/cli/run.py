@@ -1,0 +1,42 @@
+"""`gpuprof run SCRIPT [ARGS...]`: record an unmodified training script (gpuprof.integrations.script)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run a training script unchanged and record it (also: torchrun ... -m gpuprof run SCRIPT)",
+        description="Run SCRIPT as `python SCRIPT ARGS...` would, and record it: gpuprof finds the model and the "
+        "optimizer through torch's global hooks and records one step per optimizer step, or attaches its "
+        "callback to a Hugging Face or Lightning Trainer. Exits with the script's own exit code.",
+    )
+    parser.add_argument("--run-dir", default=None,
+                        help="record the run here (default: runs/<script name>-<timestamp>; under torchrun the "
+                        "timestamp is the launcher's, so every rank of a node writes the same run)")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuprof.integrations.script import run_script
+
+    return run_script(args.script, args.script_args, args.run_dir or default_run_dir(args.script))
+
+
+def default_run_dir(script: str) -> str:
+    return f"runs/{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(_start_time_s()))}"
+
+
+def _start_time_s() -> float:
+    """Now; under torchrun, when its launcher started (the parent of every rank on this node)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        import psutil
+
+        return psutil.Process(os.getppid()).create_time()
+    return time.time()

@@ -1,0 +1,158 @@
+"""A Lightning callback recording what `gpuprof.profile` records.
+
+    from gpuprof.integrations.lightning import GpuprofCallback
+    trainer = lightning.Trainer(..., callbacks=[GpuprofCallback("runs/pl-exp1")])
+
+One optimizer step is one gpuprof step, so under `accumulate_grad_batches=N` a row covers N
+batches. Phases, from Lightning's own hooks: `data` (from the end of one batch to the start of
+the next, which is where Lightning fetches it and moves it to the device; validation runs are
+left out), `forward` (`on_train_batch_start` to `on_before_backward`: the training step),
+`backward` (to `on_after_backward`), `optimizer` (`on_before_optimizer_step` to the end of the
+torch optimizer's step, so Lightning's gradient clipping counts here). Gradient norms are taken
+at the end of each backward pass, before Lightning unscales or clips. The loss is the mean of the
+training-step losses of the step's batches, tokens the elements of each batch's `input_ids` (or of
+its first tensor). The optimizer, the GradScaler of `precision="16-mixed"`, the first LR scheduler
+and the train DataLoader are Lightning's own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from gpuprof.capture.profiler import Profiler
+from gpuprof.integrations.batches import batch_tokens
+
+
+def compute_precision(lightning_precision: str) -> str | None:
+    """gpuprof's name for the dtype a Lightning precision setting computes in ("16-mixed" -> "fp16")."""
+    prefix = str(lightning_precision).split("-")[0]
+    return {"bf16": "bf16", "16": "fp16", "32": "fp32", "transformer": None}.get(prefix)
+
+
+class _StepSums:
+    """A collector holding the step's loss and token sums, and ending the optimizer phase."""
+
+    name = "lightning_steps"
+
+    def __init__(self, optimizer: torch.optim.Optimizer | None):
+        self._optimizer = optimizer
+        self._handle = None
+        self.loss_sum: torch.Tensor | None = None
+        self.tokens = 0
+        self.optimizer_stepped = False
+
+    def on_start(self, prof) -> None:
+        if self._optimizer is not None:
+            end = prof.collectors.guard(self, "optimizer_post_hook", lambda *_: prof.end_phase("optimizer"))
+            self._handle = self._optimizer.register_step_post_hook(end)
+
+    def on_close(self, prof) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+    def on_step_start(self, prof, step: int) -> None:
+        self.loss_sum, self.tokens, self.optimizer_stepped = None, 0, False
+
+    def add_batch(self, batch: Any) -> None:
+        self.tokens += batch_tokens(batch)
+
+    def add_outputs(self, outputs: Any) -> None:
+        """Lightning's batch outputs hold the training-step loss divided by accumulate_grad_batches."""
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().float()
+            self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+
+
+class GpuprofCallback(pl.Callback):
+    """Records a Lightning fit into `run_dir` (default `<default_root_dir>/gpuprof`); options as for gpuprof.profile."""
+
+    def __init__(self, run_dir: str | os.PathLike | None = None, **options: Any):
+        self.run_dir = run_dir
+        self.options = options
+        self.prof: Profiler | None = None
+        self._sums: _StepSums | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        schedulers = trainer.lr_scheduler_configs
+        options = {
+            "scaler": getattr(trainer.precision_plugin, "scaler", None),
+            "lr_scheduler": schedulers[0].scheduler if schedulers else None,
+            "loader": trainer.train_dataloader,
+            **self.options,
+            "config": {**_config(trainer, pl_module), **self.options.get("config", {})},
+        }
+        self.prof = Profiler(self.run_dir or os.path.join(trainer.default_root_dir, "gpuprof"),
+                             model=pl_module, optimizer=optimizer, **options)
+        self._sums = _StepSums(optimizer)
+        self.prof.add_collector(self._sums)
+        self.prof.start()
+        self.prof.begin_phase("data")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.prof is not None:
+            self.prof.end_phase("data")
+            self._call("add_batch", batch)
+            self.prof.begin_phase("forward")
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if self.prof is not None:
+            self.prof.end_phase("forward")
+            self.prof.begin_phase("backward")
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if self.prof is not None:
+            self.prof.end_phase("backward")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.prof is not None:
+            self._sums.optimizer_stepped = True
+            self.prof.begin_phase("optimizer")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.prof is None:
+            return
+        self._call("add_outputs", outputs)
+        if self._sums.optimizer_stepped:
+            self.prof.end_phase("optimizer")  # the GradScaler may have skipped the torch step and its hook
+            self.prof.step(loss=self._sums.loss_sum, tokens=self._sums.tokens or None)
+        self.prof.begin_phase("data")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.prof is not None:
+            self.prof.begin_phase("data")  # begin on an open phase restarts it: validation is not data
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.close("finished")
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.prof is not None:
+            self.prof.handle_exception(exception)
+        self.close("failed")
+
+    def _call(self, method: str, *args) -> None:
+        self.prof.collectors.call_one(self._sums, method, *args)
+
+    def close(self, status: str) -> None:
+        """Ends the recording; `gpuprof run` calls it with "failed" when the script raised mid-training."""
+        if self.prof is not None:
+            self.prof.close(status=status)
+            self.prof = None
+
+
+def _config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+    """The module's hyperparameters and the Trainer settings that shape a step."""
+    return {
+        **dict(pl_module.hparams),
+        "precision": compute_precision(trainer.precision),
+        "lightning_precision": str(trainer.precision),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "max_steps": trainer.max_steps,
+        "world_size": trainer.world_size,
+    }

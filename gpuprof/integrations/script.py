@@ -1,0 +1,277 @@
+"""Records a training script nobody changed: what `gpuprof run SCRIPT [ARGS...]` runs.
+
+The script runs as `python SCRIPT ARGS...` would run it (`__main__`, `sys.argv`, `sys.path[0]`),
+with gpuprof watching through torch's global hooks:
+
+- the model is the module called with grad enabled, before the first optimizer step, that holds
+  the most of that optimizer's parameters (the outermost one on a tie: DDP and compile wrappers);
+- the optimizer is the first one whose `step()` runs; each of its steps ends one recorded step;
+- the DataLoader is the last one iterated before that first step (its settings go to meta.json).
+The first step is spent finding them, so recording starts when it ends: step 0 of the run is the
+script's second optimizer step.
+
+The Profiler then times the phases (gpuprof.capture.phases), gradient norms and the rest as for
+`gpuprof.profile`; tokens and the loss come from the model's calls (gpuprof.integrations.batches).
+A Hugging Face `Trainer` or a Lightning `Trainer` the script builds gets gpuprof's callback
+instead (its `__init__` is wrapped once the module defining it is imported), and the global
+hooks stand down. Whatever the script does, it ends the same way it would without gpuprof: its
+exit code is returned, and a run it leaves half-done is closed as failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.util
+import logging
+import os
+import runpy
+import sys
+import traceback
+from typing import Any, Callable
+
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from gpuprof.capture.profiler import Profiler
+from gpuprof.errors import GpuprofError
+from gpuprof.integrations.batches import ForwardInputs
+
+logger = logging.getLogger("gpuprof")
+
+TRAINER_MODULES = {  # module defining the class -> (class name, gpuprof callback module)
+    "transformers.trainer": ("Trainer", "gpuprof.integrations.transformers"),
+    "lightning.pytorch.trainer.trainer": ("Trainer", "gpuprof.integrations.lightning"),
+}
+
+
+def run_script(script: str, args: list[str], run_dir: str, **options: Any) -> int:
+    """Runs `script` with `args` recorded into `run_dir`; returns the exit code the script would have had."""
+    path = os.path.abspath(script)
+    if not os.path.isfile(path):
+        raise GpuprofError(f"no such script: {script}")
+    recorder = ScriptRecorder(run_dir, config={"script": path, "args": list(args)}, **options)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv, sys.path[0] = [path, *args], os.path.dirname(path)  # as `python SCRIPT` sets them
+    recorder.install()
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exit_:
+        code = _exit_code(exit_)
+        recorder.finish("finished" if code == 0 else "failed")
+        return code
+    except BaseException as error:  # noqa: BLE001 - the script's failure is reported as Python would
+        recorder.finish("failed", error)
+        _print_traceback(error, path)
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+    else:
+        recorder.finish("finished")
+        return 0
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+class ScriptRecorder:
+    """Finds the model and optimizer of a loop it did not write, or hooks the Trainer the loop builds."""
+
+    def __init__(self, run_dir: str, **options: Any):
+        self.run_dir = run_dir
+        self.options = options
+        self.prof: Profiler | None = None
+        self.callbacks: list[Any] = []  # the Trainer callbacks attached, in order
+        self._called: dict[int, torch.nn.Module] = {}
+        self._optimizer = self._model = self._loader = None
+        self._loader_iter = None
+        self._inputs: ForwardInputs | None = None
+        self._forward_hook = None
+        self._optimizer_hooks: list = []
+        self._finder = _PatchOnImport({name: functools.partial(self._patch_trainer, name) for name in TRAINER_MODULES})
+
+    def install(self) -> None:
+        self._forward_hook = register_module_forward_pre_hook(self._seen)
+        self._optimizer_hooks = [
+            register_optimizer_step_pre_hook(self._guarded(self._before_step)),
+            register_optimizer_step_post_hook(self._guarded(self._after_step)),
+        ]
+        self._finder.install()
+        self._watch_loaders()
+
+    def finish(self, status: str, error: BaseException | None = None) -> None:
+        """Removes every hook and closes every recording still open (a run the script left mid-way)."""
+        if self.prof is None and not self.callbacks:
+            print("gpuprof run: nothing recorded: the script ran no optimizer step (or only one) and built no Trainer",
+                  file=sys.stderr)
+        self._finder.remove()
+        self._stop_discovery()
+        if self._loader_iter is not None:
+            torch.utils.data.DataLoader.__iter__ = self._loader_iter
+        for handle in self._optimizer_hooks:
+            handle.remove()
+        for prof in [self.prof, *(callback.prof for callback in self.callbacks)]:
+            if prof is not None and error is not None:
+                prof.handle_exception(error)
+        if self.prof is not None:
+            self.prof.close(status=status)
+        for callback in self.callbacks:
+            callback.close(status)
+
+    # ------------------------------------------------------------------ discovery
+    def _watch_loaders(self) -> None:
+        original = self._loader_iter = torch.utils.data.DataLoader.__iter__
+        seen = self._guarded(self._loader_seen)
+
+        @functools.wraps(original)
+        def __iter__(loader):
+            seen(loader)
+            return original(loader)
+
+        torch.utils.data.DataLoader.__iter__ = __iter__
+
+    def _loader_seen(self, loader) -> None:
+        if self._optimizer is None:
+            self._loader = loader
+
+    def _seen(self, module: torch.nn.Module, args) -> None:
+        """Runs on every module call until the first optimizer step; torch.compile traces skip it."""
+        if not torch.compiler.is_compiling() and torch.is_grad_enabled():
+            self._called.setdefault(id(module), module)
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if self._optimizer is None and not self.callbacks:
+            self._optimizer = optimizer
+            self._model = _holder_of(optimizer, self._called.values())
+            self._stop_discovery()
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if optimizer is not self._optimizer:
+            return
+        if self.prof is None:
+            self._start_recording(optimizer)
+        else:
+            self.prof.step(loss=self._inputs.step_loss() if self._inputs else None,
+                           tokens=(self._inputs.tokens or None) if self._inputs else None)
+
+    def _start_recording(self, optimizer) -> None:
+        self.prof = Profiler(self.run_dir, model=self._model, optimizer=optimizer, loader=self._loader, **self.options)
+        if self._model is not None:
+            self._inputs = ForwardInputs(self._model)
+            self.prof.add_collector(self._inputs)
+        self.prof.start()
+
+    def _stop_discovery(self) -> None:
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        self._called.clear()
+
+    # ------------------------------------------------------------------ Trainers
+    def _patch_trainer(self, module_name: str, module) -> None:
+        class_name, callback_module = TRAINER_MODULES[module_name]
+        trainer_class = getattr(module, class_name)
+        original = trainer_class.__init__
+        attach = self._guarded(functools.partial(self._attach_callback, callback_module))
+
+        @functools.wraps(original)
+        def __init__(trainer, *args, **kwargs):
+            original(trainer, *args, **kwargs)
+            if not getattr(trainer, "_gpuprof_attached", False):
+                trainer._gpuprof_attached = True
+                attach(trainer)
+
+        trainer_class.__init__ = __init__
+
+    def _attach_callback(self, callback_module: str, trainer) -> None:
+        """The Trainer's callback records from now on; the global hooks stand down."""
+        self._stop_discovery()
+        suffix = f"-{len(self.callbacks) + 1}" if self.callbacks else ""
+        callback = importlib.import_module(callback_module).GpuprofCallback(self.run_dir + suffix, **self.options)
+        if hasattr(trainer, "add_callback"):  # transformers
+            trainer.add_callback(callback)
+        else:  # lightning
+            trainer.callbacks.append(callback)
+        self.callbacks.append(callback)
+
+    @staticmethod
+    def _guarded(function: Callable) -> Callable:
+        """gpuprof's hooks run inside the script's calls: a failure is logged once and the hook goes quiet."""
+        failed = False
+
+        def guarded(*args, **kwargs):
+            nonlocal failed
+            if failed:
+                return None
+            try:
+                return function(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - never raise into the user's script
+                failed = True
+                logger.warning("gpuprof run: %s failed and is switched off: %r", function.__name__, error,
+                               exc_info=True)
+                return None
+
+        return guarded
+
+
+def _holder_of(optimizer, modules) -> torch.nn.Module | None:
+    """The module holding the most of the optimizer's parameters; the first called wins a tie."""
+    params = {id(param) for group in optimizer.param_groups for param in group["params"]}
+    best, best_count = None, 0
+    for module in modules:
+        count = sum(1 for param in module.parameters() if id(param) in params)
+        if count > best_count:
+            best, best_count = module, count
+    return best
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Calls patches[name](module) right after module `name` is first imported (or now, if it already is)."""
+
+    def __init__(self, patches: dict[str, Callable[[Any], None]]):
+        self._patches = patches
+        self._busy: set[str] = set()
+
+    def install(self) -> None:
+        for name, patch in self._patches.items():
+            if name in sys.modules:
+                patch(sys.modules[name])
+        sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+
+    def find_spec(self, name, path, target=None):
+        if name not in self._patches or name in self._busy:
+            return None
+        self._busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)  # the finders after this one
+        finally:
+            self._busy.discard(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, patch = spec.loader.exec_module, self._patches[name]
+
+        def exec_and_patch(module):
+            exec_module(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def _exit_code(exit_: SystemExit) -> int:
+    """What Python's exit status would be for this SystemExit."""
+    if exit_.code is None or isinstance(exit_.code, int):
+        return exit_.code or 0
+    print(exit_.code, file=sys.stderr)
+    return 1
+
+
+def _print_traceback(error: BaseException, script: str) -> None:
+    """The traceback Python would print: from the script's own frame on, without gpuprof's."""
+    tb = error.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb or error.__traceback__)

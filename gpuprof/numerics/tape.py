@@ -1,0 +1,497 @@
+"""The step's tape: what a training step computed, so that NaN forensics can compute it again.
+
+Most loops compute the loss outside the model (`F.cross_entropy(model(x).logits, y)`), so the
+model's forward calls alone do not say what the backward pass started from. The tape keeps:
+- every training forward call of the root module (its arguments, by reference), and
+- the torch calls made between the end of a forward call and `backward()`: the loss program.
+  A TorchFunctionMode is on the mode stack only around that window (pushed by the root module's
+  forward hook, switched off when it sees `Tensor.backward` / `torch.autograd.backward`, popped
+  at the next forward, optimizer step or `prof.step()`: torch re-pushes a mode after its own
+  handler returns, so it cannot leave the stack from inside backward(); until it is popped it
+  passes calls through). It sees the few calls a loss takes,
+  above autograd and autocast, and stores them with tensors replaced by references: an output of
+  a forward call, a result of an earlier call, a parameter by name, or any other tensor (the
+  targets) by reference, like batches.
+Each micro-batch is one list of items (forward calls and loss calls) ending at the tensor
+`backward()` was called on. `replay_loss` runs such a micro-batch on another model (the
+forensic copy, or the model `gpuprof replay` rebuilt) and returns that tensor.
+
+Nothing here may raise into the training loop: an internal error stops the tape for the rest
+of that step and is kept as the step's `error`, which its non-finite event then reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from gpuprof.modules import eager_model
+from gpuprof.numerics.watch import format_frame, user_frame
+
+MAX_LOSS_CALLS = 256  # more than a loss takes: the window is then not a loss computation
+_BACKWARDS = (torch.Tensor.backward, torch.autograd.backward)
+_SCALE_MULTIPLIES = {"mul", "__mul__", "__rmul__"}
+FORWARD_ARGS, FORWARD_KWARGS = "gpuprof_forward_args", "gpuprof_forward_kwargs"
+
+
+def forward_call(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A model call recorded during training, as a plain dict (bundles hold plain values only)."""
+    return {FORWARD_ARGS: list(args), FORWARD_KWARGS: dict(kwargs), "autocast": autocast_now()}
+
+
+class Output(NamedTuple):
+    item: int  # the forward call, by its index among the micro-batch's items
+    leaf: int  # the tensor's index among the flattened outputs
+
+
+class Result(NamedTuple):
+    item: int  # the loss call, by its index among the micro-batch's items
+    leaf: int
+
+
+class Param(NamedTuple):
+    name: str
+
+
+class Const(NamedTuple):
+    index: int  # into MicroBatch.consts: a tensor made outside the window (targets, masks), by reference
+
+
+REFERENCES = (Output, Result, Param, Const)
+
+
+@dataclass
+class LossCall:
+    func: Callable
+    args: tuple
+    kwargs: dict
+    autocast: dict[str, str] | None
+    where: tuple[str, int, str] | str | None  # the user's frame (file, line, function), or its source line
+
+    @property
+    def source(self) -> str | None:
+        return self.where if isinstance(self.where, str) or self.where is None else format_frame(self.where)
+
+
+@dataclass
+class MicroBatch:
+    """Forward calls (forward_call dicts) and loss calls, in the order they ran."""
+
+    items: list[dict[str, Any] | LossCall] = field(default_factory=list)
+    consts: list[torch.Tensor] = field(default_factory=list)
+    target: Any = None  # the reference of the tensor backward() was called on
+    scaled_by: Any = None  # set when that tensor was the loss times the GradScaler's scale
+
+
+@dataclass
+class StepTape:
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every training forward call of the step
+    micro_batches: list[MicroBatch] = field(default_factory=list)
+    error: str | None = None  # why the loss program is missing or incomplete
+
+    @property
+    def replayable(self) -> bool:
+        return self.error is None and bool(self.micro_batches) and all(m.target is not None for m in self.micro_batches)
+
+
+def autocast_now() -> dict[str, str] | None:
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            return {"device_type": device_type, "dtype": str(dtype).removeprefix("torch.")}
+    return None
+
+
+def autocast_as(settings: dict[str, str] | None):
+    """Exactly the recorded autocast state: on with its dtype, or off (also inside an outer autocast)."""
+    if settings:
+        device_type = settings["device_type"]
+        if device_type == "cuda" and not torch.cuda.is_available():
+            device_type = "cpu"  # a bundle from a GPU machine replayed on a CPU-only one
+        return torch.autocast(device_type=device_type, dtype=getattr(torch, settings["dtype"]))
+    stack = contextlib.ExitStack()
+    for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+        stack.enter_context(torch.autocast(device_type=device_type, enabled=False))
+    return stack
+
+
+class _LossWindow(TorchFunctionMode):
+    """Records torch calls while `recording`; passes everything through otherwise."""
+
+    def __init__(self, tape: "Tape"):
+        super().__init__()
+        self.tape = tape
+        self.recording = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.recording or torch.compiler.is_compiling():  # the usual case first: passing through
+            return func(*args, **kwargs)
+        if func in _BACKWARDS:
+            self.recording = False
+            self.tape.safely(self.tape.close_micro_batch, args[0] if args else kwargs.get("tensors"))
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.tape.safely(self.tape.record_call, func, args, kwargs, out)
+        return out
+
+
+class Tape:
+    """Collector: records each step's forward calls and loss program (see the module docstring)."""
+
+    name = "numerics_tape"
+
+    def __init__(self, model: torch.nn.Module, scaler=None):
+        self.model = model
+        self.scaler = scaler
+        self._window = _LossWindow(self)
+        self._pushed = False
+        self._step = StepTape()
+        self._micro: MicroBatch | None = None
+        self._known: dict[int, tuple[Any, torch.Tensor]] = {}  # id(tensor) -> (reference, tensor kept alive)
+        self._scaled: set[int] = set()  # ids of tensors computed from the GradScaler's scale
+        self._scaled_items: set[int] = set()  # the loss calls that computed them
+        self._param_names: dict[int, str] | None = None
+        self._handles: list = []
+
+    # ------------------------------------------------------------------ collector hooks
+    def on_start(self, prof) -> None:
+        eager = torch._dynamo.disable  # hooks run eagerly around a compiled model
+        self._handles = [
+            self.model.register_forward_pre_hook(eager(self._on_forward), with_kwargs=True),
+            self.model.register_forward_hook(eager(self._on_forward_end)),
+        ]
+        if hasattr(prof.optimizer, "register_step_pre_hook"):
+            self._handles.append(prof.optimizer.register_step_pre_hook(self._leave_window))
+
+    def on_close(self, prof) -> None:
+        self._leave_window()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def take(self) -> StepTape:
+        """The step's tape (called once per step, at its end); the next step starts a new one."""
+        self._leave_window()
+        self.safely(self._drop_open_micro_batch)
+        self._forget()
+        step, self._step = self._step, StepTape()
+        self._micro = None
+        return step
+
+    # ------------------------------------------------------------------ recording
+    def safely(self, function, *args) -> None:
+        if self._step.error is not None:
+            return
+        try:
+            function(*args)
+        except Exception as error:  # noqa: BLE001 - never raise into the training loop
+            self._step.error = f"recording stopped: {error!r}"
+            self._window.recording = False
+
+
+    def _on_forward(self, module, args, kwargs) -> None:
+        self._leave_window()  # model code is not part of the loss program
+        self.safely(self._before_forward, args, kwargs)
+
+    def _on_forward_end(self, module, args, output) -> None:
+        self.safely(self._after_forward, output)
+
+    def _before_forward(self, args, kwargs) -> None:
+        if not torch.is_grad_enabled():
+            return  # evaluation inside the loop is not part of the step
+        call = forward_call(args, kwargs)
+        self._step.calls.append(call)
+        if self._micro is None:
+            self._micro = MicroBatch()
+            self._step.micro_batches.append(self._micro)
+        self._micro.items.append(call)
+
+    def _after_forward(self, output) -> None:
+        if not torch.is_grad_enabled() or self._micro is None:
+            return
+        item = len(self._micro.items) - 1
+        for leaf, tensor in enumerate(leaves(output)):
+            self._known[id(tensor)] = (Output(item, leaf), tensor)
+        self._enter_window()
+
+    def record_call(self, func, args, kwargs, out) -> None:
+        results = leaves(out)
+        if not results and not _mutates(func):
+            return  # .size(), .item(), .shape: nothing the loss can depend on
+        micro = self._micro
+        if len(micro.items) >= MAX_LOSS_CALLS:
+            raise RuntimeError(f"more than {MAX_LOSS_CALLS} torch calls between forward and backward")
+        index = len(micro.items)
+        scale = getattr(self.scaler, "_scale", None)
+        inputs: list[torch.Tensor] = []
+        encode = self._encoder(micro, inputs)
+        micro.items.append(LossCall(func, _map(args, torch.Tensor, encode), _map(kwargs, torch.Tensor, encode),
+                                    autocast_now(), user_frame()))
+        scaled = any(id(t) in self._scaled or t is scale for t in inputs)
+        if scaled:
+            self._scaled_items.add(index)
+        for leaf, tensor in enumerate(results):
+            self._known[id(tensor)] = (Result(index, leaf), tensor)
+            if scaled:
+                self._scaled.add(id(tensor))
+
+    def close_micro_batch(self, tensor) -> None:
+        micro, self._micro = self._micro, None
+        known = self._known.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+        if micro is not None and known is not None:
+            micro.target = known[0]
+            if id(tensor) in self._scaled:
+                micro.target, micro.scaled_by = self._unscaled(micro, known[0]), "grad_scaler"
+        elif micro is not None:
+            self._step.error = "backward() was called on a tensor computed where gpuprof could not see it"
+        self._forget()
+
+    def _unscaled(self, micro: MicroBatch, target: Result):
+        """`scaler.scale(loss)` is `loss * scale`: the loss is the multiply's other operand."""
+        call = micro.items[target.item]
+        if not isinstance(call, LossCall) or call.func.__name__ not in _SCALE_MULTIPLIES:
+            raise RuntimeError("the tensor backward() ran on was scaled in a way gpuprof does not know")
+        kept = [value for value in call.args if isinstance(value, REFERENCES)]
+        unscaled = [ref for ref in kept if not self._scale_derived(micro, ref)]
+        if len(unscaled) != 1:
+            raise RuntimeError("cannot tell the loss from the GradScaler's scale")
+        del micro.items[target.item:]  # the scaling itself is redone by the forensic re-run
+        return unscaled[0]
+
+    def _scale_derived(self, micro: MicroBatch, ref) -> bool:
+        if isinstance(ref, Const):
+            return micro.consts[ref.index] is getattr(self.scaler, "_scale", None)
+        return isinstance(ref, Result) and ref.item in self._scaled_items
+
+    def _encoder(self, micro: MicroBatch, seen: list[torch.Tensor]) -> Callable[[torch.Tensor], Any]:
+        """tensor -> its reference; every tensor encoded is also appended to `seen`."""
+
+        def encode(tensor: torch.Tensor):
+            seen.append(tensor)
+            known = self._known.get(id(tensor))
+            if known is not None and known[1] is tensor:
+                return known[0]
+            if isinstance(tensor, torch.nn.Parameter):
+                name = self._names().get(id(tensor))
+                if name is not None:
+                    return Param(name)
+            if tensor.grad_fn is not None:  # computed from the model by a call gpuprof did not see
+                raise RuntimeError(f"the loss uses a {tuple(tensor.shape)} tensor computed by a call gpuprof "
+                                   "cannot record (e.g. an autograd.Function)")
+            micro.consts.append(tensor)
+            ref = Const(len(micro.consts) - 1)
+            self._known[id(tensor)] = (ref, tensor)
+            return ref
+
+        return encode
+
+    def _names(self) -> dict[int, str]:
+        if self._param_names is None:
+            self._param_names = {id(p): n for n, p in eager_model(self.model).named_parameters()}
+        return self._param_names
+
+    def _forget(self) -> None:
+        self._known.clear()
+        self._scaled.clear()
+        self._scaled_items.clear()
+
+    def _drop_open_micro_batch(self) -> None:
+        """A forward whose output never reached backward() (e.g. a metric pass with grad on)."""
+        if self._micro is not None and self._micro.target is None:
+            self._step.micro_batches.remove(self._micro)
+
+    # ------------------------------------------------------------------ the mode stack
+    def _enter_window(self) -> None:
+        if not self._pushed:
+            torch._C._push_on_torch_function_stack(self._window)
+            self._pushed = True
+        self._window.recording = True
+
+    def _leave_window(self, *_hook_args) -> None:
+        """Off the mode stack, unless another mode was pushed above it (then it passes calls through)."""
+        self._window.recording = False
+        if self._pushed and _top_mode() is self._window:
+            torch._C._pop_torch_function_stack()
+            self._pushed = False
+
+
+def _top_mode():
+    depth = torch._C._len_torch_function_stack()
+    return torch._C._get_function_stack_at(depth - 1) if depth else None
+
+
+def _mutates(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")
+
+
+def _map(value: Any, kind, function: Callable) -> Any:
+    """`value` with every leaf of type `kind` (inside lists, tuples and dicts) replaced by function(leaf)."""
+    if isinstance(value, kind):
+        return function(value)
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return type(value)(_map(item, kind, function) for item in value)
+    if isinstance(value, dict):
+        return {key: _map(item, kind, function) for key, item in value.items()}
+    return value
+
+
+def leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in an output, in order, through lists, tuples and mappings (Hugging Face ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in leaves(item)]
+    if isinstance(value, Mapping):
+        return [leaf for item in value.values() for leaf in leaves(item)]
+    return []
+
+
+# ---------------------------------------------------------------------- replay
+def replay_loss(model: torch.nn.Module, micro: MicroBatch,
+                on_loss_call: Callable[[LossCall | None], None] = lambda call: None) -> torch.Tensor:
+    """Runs one recorded micro-batch on `model`; returns the tensor backward() was called on (unscaled).
+
+    `on_loss_call` is told each loss call before it runs (None for a forward call), so that
+    forensics can name the user's source line rather than this function's.
+    """
+    params = dict(model.named_parameters())
+    results: dict[int, list] = {}  # item index -> its flattened outputs
+
+    def resolve(value):
+        if isinstance(value, (Output, Result)):
+            return results[value.item][value.leaf]
+        if isinstance(value, Param):
+            return params[value.name]
+        if isinstance(value, Const):
+            return micro.consts[value.index]
+        return value
+
+    for index, item in enumerate(micro.items):
+        if isinstance(item, LossCall):
+            on_loss_call(item)
+            with autocast_as(item.autocast):
+                out = item.func(*_map(item.args, REFERENCES, resolve), **_map(item.kwargs, REFERENCES, resolve))
+        else:
+            on_loss_call(None)
+            with autocast_as(item.get("autocast")):
+                out = model(*item[FORWARD_ARGS], **item[FORWARD_KWARGS])
+        results[index] = leaves(out)
+    return resolve(micro.target)
+
+
+# ---------------------------------------------------------------------- bundles
+# A bundle may not carry code (gpuprof.numerics.bundle): a loss call is stored as the name of a
+# torch function, and only native torch ops, Tensor methods and torch.nn.functional are resolved.
+_TAG = "gpuprof"
+_NAMESPACES = {"Tensor": torch.Tensor, "torch": torch, "torch.nn.functional": torch.nn.functional,
+               "torch.special": torch.special, "torch.linalg": torch.linalg, "torch.fft": torch.fft}
+_REFERENCE_KINDS = {cls.__name__.lower(): cls for cls in REFERENCES}
+
+
+class TapeError(ValueError):
+    """A recorded loss call that cannot be stored in, or read from, a bundle."""
+
+
+def encode_micro_batch(micro: MicroBatch) -> dict[str, Any]:
+    """`micro` as plain values (tensors, numbers, strings, lists, dicts) for a replay bundle."""
+    items = [item if isinstance(item, dict) else {
+        "function": _function_name(item.func), "args": _encode(item.args), "kwargs": _encode(item.kwargs),
+        "autocast": item.autocast, "where": item.source} for item in micro.items]
+    return {"items": items, "consts": list(micro.consts), "target": _encode(micro.target),
+            "scaled_by": micro.scaled_by}
+
+
+def decode_micro_batch(plain: dict[str, Any], device: torch.device) -> MicroBatch:
+    items = [item if FORWARD_ARGS in item else LossCall(
+        _function(item["function"]), _decode(item["args"], device), _decode(item["kwargs"], device),
+        item["autocast"], item["where"]) for item in plain["items"]]
+    return MicroBatch(items, list(plain["consts"]), _decode(plain["target"], device), plain["scaled_by"])
+
+
+def _function_name(func) -> dict[str, str]:
+    name = getattr(func, "__name__", None)
+    if name == "__get__" and getattr(getattr(func, "__self__", None), "__objclass__", None) is torch._C.TensorBase:
+        return {"namespace": "Tensor.attribute", "name": func.__self__.__name__}  # e.g. logits.mT
+    for namespace, owner in _NAMESPACES.items():
+        if name and getattr(owner, name, None) is func and _resolvable(namespace, name):
+            return {"namespace": namespace, "name": name}
+    raise TapeError(f"the loss calls {getattr(func, '__qualname__', func)!r}, which a bundle cannot name")
+
+
+def _resolvable(namespace: str, name: str) -> bool:
+    if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+        return False
+    found = getattr(_NAMESPACES.get(namespace), name, None)
+    if namespace == "Tensor":
+        return callable(found)
+    if namespace == "torch.nn.functional":
+        return callable(found) and getattr(found, "__module__", None) in ("torch.nn.functional", "torch._C._nn", None)
+    return type(found).__name__ == "builtin_function_or_method"  # a native op, not torch.save or torch.load
+
+
+def _function(stored: dict[str, str]):
+    namespace, name = stored.get("namespace"), stored.get("name")
+    if namespace == "Tensor.attribute" and isinstance(getattr(torch.Tensor, str(name), None), type(torch.Tensor.mT)):
+        return lambda tensor: getattr(tensor, name)
+    if namespace not in _NAMESPACES or not isinstance(name, str) or not _resolvable(namespace, name):
+        raise TapeError(f"the bundle names a function gpuprof does not replay: {namespace}.{name}")
+    return getattr(_NAMESPACES[namespace], name)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, REFERENCES):
+        return {_TAG: type(value).__name__.lower(), "fields": list(value)}
+    if isinstance(value, slice):
+        return {_TAG: "slice", "fields": [_encode(value.start), _encode(value.stop), _encode(value.step)]}
+    if value is Ellipsis:
+        return {_TAG: "ellipsis"}
+    if isinstance(value, torch.dtype):
+        return {_TAG: "dtype", "name": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {_TAG: "device", "name": str(value)}
+    if isinstance(value, (torch.memory_format, torch.layout)):
+        return {_TAG: "torch", "name": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.Size):
+        return {_TAG: "size", "fields": list(value)}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_encode(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _encode(item) for key, item in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TapeError(f"the loss passes a {type(value).__name__} to a torch call, which a bundle cannot hold")
+
+
+def _decode(value: Any, device: torch.device) -> Any:
+    if isinstance(value, dict) and _TAG in value:
+        return _decode_tagged(value, device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_decode(item, device) for item in value)
+    if isinstance(value, dict):
+        return {key: _decode(item, device) for key, item in value.items()}
+    return value
+
+
+def _decode_tagged(value: dict, device: torch.device) -> Any:
+    kind = value[_TAG]
+    if kind in _REFERENCE_KINDS:
+        return _REFERENCE_KINDS[kind](*value["fields"])
+    if kind == "slice":
+        return slice(*(_decode(field, device) for field in value["fields"]))
+    if kind == "ellipsis":
+        return Ellipsis
+    if kind == "size":
+        return torch.Size(value["fields"])
+    if kind == "device":
+        return device  # the recorded device is the training one; the replay runs where it runs
+    found = getattr(torch, str(value.get("name")), None)
+    if kind in ("dtype", "torch") and isinstance(found, (torch.dtype, torch.memory_format, torch.layout)):
+        return found
+    raise TapeError(f"the bundle holds an unknown value {value!r}")

@@ -1,0 +1,68 @@
+"""A plain FSDP2 loop (fully_shard per GPT-2 block and on the root) under gpuprof.profile, for torchrun.
+
+    torchrun --nproc_per_node 2 fsdp_loop.py RUN_DIR --steps 4 --nan-step 3 --nan-rank 1
+
+At --nan-step, rank --nan-rank writes a NaN into its own shard of NAN_PARAM's gradient (right
+after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). What the loop
+itself saw (losses, clip_grad_norm_, per-block norms) goes to RUN_DIR.seen-rankN.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch.distributed.fsdp import fully_shard
+
+import gpuprof
+from capture_loop import batch, tiny_model
+
+NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--nan-step", type=int)
+    parser.add_argument("--nan-rank", type=int, default=1)
+    args = parser.parse_args()
+    torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank()
+    model = tiny_model()
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step_now = {"step": 0}
+    if rank == args.nan_rank:
+        param = dict(model.named_parameters())[NAN_PARAM]
+        param.register_post_accumulate_grad_hook(
+            lambda p: p.grad.to_local().view(-1)[0].fill_(float("nan")) if step_now["step"] == args.nan_step else None)
+    seen = {"losses": [], "clip_norms": [], "block_norms": []}
+    with gpuprof.profile(args.run_dir, model=model, optimizer=optimizer, layer_interval=1) as prof:
+        for step in range(args.steps):
+            step_now["step"] = step
+            inputs = batch(step, 0, rank)
+            with prof.phase("forward"):
+                loss = model(input_ids=inputs, labels=inputs).loss
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                # a huge max_norm: the norms without clipping, the same functions a user calls
+                seen["block_norms"].append({f"transformer.h.{i}": float(torch.nn.utils.clip_grad_norm_(
+                    block.parameters(), 1e9).full_tensor()) for i, block in enumerate(model.transformer.h)})
+                seen["clip_norms"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            seen["losses"].append(float(loss))
+            prof.step(loss=loss.detach(), tokens=inputs.numel())
+    Path(f"{args.run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

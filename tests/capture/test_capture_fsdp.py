@@ -1,0 +1,65 @@
+"""Capture of a plain FSDP2 loop (2 gloo ranks under torchrun): sharded norms, memory, NaN origin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpuprof
+
+LOOP = Path(__file__).with_name("fsdp_loop.py")
+STEPS, NAN_STEP, NAN_RANK = 4, 3, 1
+NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(LOOP),
+               str(run_dir), "--steps", str(STEPS), "--nan-step", str(NAN_STEP), "--nan-rank", str(NAN_RANK)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, timeout=300, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = {rank: json.loads(Path(f"{run_dir}.seen-rank{rank}.json").read_text()) for rank in (0, 1)}
+    return gpuprof.load_run(run_dir), seen
+
+
+@pytest.mark.slow
+def test_sharded_grad_norms_equal_clip_grad_norm_on_every_rank(fsdp_run):
+    run, seen = fsdp_run
+    disabled = run.events[run.events["kind"].isin(["profiler_disabled", "collector_disabled"])]
+    assert disabled.empty, disabled["message"].tolist()
+    finite = range(NAN_STEP)
+    for rank in (0, 1):
+        steps = run.steps[run.steps["rank"] == rank].set_index("step")
+        assert steps.index.tolist() == list(range(STEPS))
+        np.testing.assert_allclose(steps["loss"], seen[rank]["losses"], rtol=1e-6)
+        np.testing.assert_allclose(steps["grad_norm"].loc[list(finite)], seen[rank]["clip_norms"][:NAN_STEP], rtol=1e-5)
+        layers = run.layers[(run.layers["rank"] == rank) & (run.layers["level"] == "block")]
+        for step in finite:
+            recorded = layers[layers["step"] == step].set_index("layer")["grad_norm"]
+            expected = seen[rank]["block_norms"][step]
+            np.testing.assert_allclose(recorded.loc[list(expected)], list(expected.values()), rtol=1e-5)
+        assert (steps["mem_rss_bytes"] > 0).all()  # memory, per rank
+    norms = run.steps.pivot(index="step", columns="rank", values="grad_norm")
+    assert (norms.loc[list(finite), 0] == norms.loc[list(finite), 1]).all()
+    sharding = run.meta["distributed"]["sharding"]
+    assert sharding["fsdp_units"] == 3 and sharding["param_bytes"] == 4 * run.meta["model"]["n_params"]
+
+
+@pytest.mark.slow
+def test_nan_in_one_ranks_shard_names_that_rank_and_parameter(fsdp_run):
+    run, _ = fsdp_run
+    steps = run.steps.set_index(["step", "rank"])
+    assert not steps.loc[NAN_STEP]["grad_norm_finite"].any()  # every rank sees the global norm go bad
+    events = run.events[run.events["kind"] == "nonfinite"]
+    assert sorted(events["rank"]) == [0, 1] and set(events["step"]) == {NAN_STEP}
+    for details in events["details"]:
+        assert details["rank"] == NAN_RANK and details["tensor"] == NAN_PARAM and details["trigger"] == "grads"
+        assert any("sharded" in note for note in details["notes"])  # the re-run declined, and says why

@@ -1,0 +1,226 @@
+"""Automatic phases: a loop wrapped in three lines, no prof.phase(), still gets data/forward/backward/optimizer.
+
+Live timings are only checked from below (a phase holds at least the sleep put into it) and
+by the sum identity; the merge arithmetic is checked on synthetic stamps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from capture_loop import BATCH, SEQ, VOCAB, batch, tiny_model
+
+import gpuprof
+from gpuprof.capture.profiler import _timing
+from gpuprof.capture.timing import HostClock, PhaseTimes
+
+PHASES = ["data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s"]
+SLEEP_S = 0.03
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """Token rows that take `delay_s` each to load, like a loader doing work in __getitem__."""
+
+    def __init__(self, rows: int, delay_s: float):
+        self.rows = torch.cat([batch(step) for step in range(rows // BATCH + 1)])[:rows]
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return self.rows[index]
+
+
+def assert_parts_add_up(steps):
+    """Phases plus other equal the step time within 5%, and the phases alone never exceed it."""
+    phases = steps[PHASES].fillna(0.0).sum(axis=1)
+    assert (phases <= steps["step_time_s"] * 1.05).all()
+    np.testing.assert_allclose(phases + steps["other_time_s"], steps["step_time_s"], rtol=0.05)
+
+
+def plain_loop(prof, model, optimizer, loader, other_sleep_s=0.0) -> list[float]:
+    losses = []
+    for inputs in loader:
+        loss = model(input_ids=inputs, labels=inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        time.sleep(other_sleep_s)
+        if prof is not None:
+            prof.step(loss=loss, tokens=inputs.numel())
+    return losses
+
+
+def test_the_three_line_wrap_gives_every_phase(tmp_path):
+    loader = torch.utils.data.DataLoader(SlowDataset(4 * BATCH, SLEEP_S / BATCH), batch_size=BATCH)
+    model = tiny_model()
+    bare = plain_loop(None, model, torch.optim.AdamW(model.parameters(), lr=1e-3), loader)
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, loader=loader,
+                         sample_interval_s=0) as prof:
+        losses = plain_loop(prof, model, optimizer, loader, other_sleep_s=SLEEP_S)
+    assert losses == bare  # the hooks leave the numerics alone
+    run = gpuprof.load_run(tmp_path / "run")
+    steps = run.steps
+    assert len(steps) == 4 and steps["micro_batches"].tolist() == [1] * 4
+    assert (steps["data_time_s"] >= SLEEP_S).all()  # __getitem__ sleeps, before the first forward
+    assert (steps["other_time_s"] >= SLEEP_S).all()  # after optimizer.step(), before prof.step()
+    assert (steps[["forward_time_s", "backward_time_s", "optimizer_time_s"]] > 0).all().all()
+    assert_parts_add_up(steps)
+    assert run.events.empty or "phase_unavailable" not in run.events["kind"].tolist()
+
+
+def test_nanogpt_style_accumulation_loss_outside_the_model(tmp_path):
+    """Logits from the model, the loss outside it, three micro-batches: one row, phases summed over them."""
+    accumulation = 3
+    model = tiny_model()
+    model.transformer.ln_f.register_forward_hook(lambda module, args, output: time.sleep(SLEEP_S))
+    model.transformer.h[0].register_full_backward_hook(lambda module, grad_in, grad_out: time.sleep(SLEEP_S))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(3):
+            for micro in range(accumulation):
+                inputs = batch(step, micro)
+                logits = model(input_ids=inputs).logits
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), inputs[:, 1:].reshape(-1)) / accumulation
+                time.sleep(SLEEP_S)  # between the model call and backward(): counts as forward
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            prof.step(loss=loss, tokens=accumulation * BATCH * SEQ)
+    steps = gpuprof.load_run(tmp_path / "run").steps
+    assert steps["micro_batches"].tolist() == [accumulation] * 3
+    assert (steps["forward_time_s"] >= 2 * accumulation * SLEEP_S).all()
+    assert (steps["backward_time_s"] >= accumulation * SLEEP_S).all()
+    assert (steps[["data_time_s", "optimizer_time_s"]] > 0).all().all()
+    assert_parts_add_up(steps)
+
+
+def test_explicit_phases_win_per_step_and_name(tmp_path):
+    """The loop marks only `data`; its span replaces the automatic one, the other phases stay automatic."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    before_data_s = 0.2
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(3):
+            time.sleep(before_data_s)  # automatic data would hold this; the marked phase does not
+            with prof.phase("data"):
+                time.sleep(SLEEP_S)
+                inputs = batch(step)
+            model(input_ids=inputs, labels=inputs).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+    steps = gpuprof.load_run(tmp_path / "run").steps
+    assert (steps["data_time_s"] >= SLEEP_S).all() and (steps["data_time_s"] < before_data_s).all()
+    assert (steps["other_time_s"] >= before_data_s).all()
+    assert (steps[["forward_time_s", "backward_time_s", "optimizer_time_s"]] > 0).all().all()
+    assert_parts_add_up(steps)
+
+
+def test_evaluation_is_neither_data_nor_forward(tmp_path):
+    """An evaluation at the top of the step ends the data span; its time and its model calls are other."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    evaluation_s = 0.2
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(2):
+            model.eval()
+            with torch.no_grad():
+                model(input_ids=batch(100))
+                time.sleep(evaluation_s)
+            model.train()
+            inputs = batch(step)
+            model(input_ids=inputs, labels=inputs).loss.backward()
+            optimizer.step()
+            prof.step()
+    steps = gpuprof.load_run(tmp_path / "run").steps
+    assert (steps["data_time_s"] < evaluation_s).all() and (steps["other_time_s"] >= evaluation_s).all()
+    assert steps["micro_batches"].tolist() == [1, 1]
+    assert_parts_add_up(steps)
+
+
+def test_merge_arithmetic_on_synthetic_stamps():
+    """Host-clock stamps in seconds: explicit `forward` replaces the automatic one, other is the rest."""
+    clock = HostClock()
+    explicit, automatic = PhaseTimes(clock), PhaseTimes(clock)
+    automatic.add_host("data", 0.5)
+    automatic.add("forward", 0.5, 2.0)
+    automatic.add("forward", 4.0, 4.5)  # a second micro-batch
+    automatic.add("backward", 2.0, 4.0)
+    automatic.add("optimizer", 5.0, 5.5)
+    explicit.add("forward", 0.5, 1.0)
+    columns = _timing(clock, 0.0, 6.0, explicit, automatic)()
+    assert columns == {"step_time_s": 6.0, "data_time_s": 0.5, "forward_time_s": 0.5, "backward_time_s": 2.0,
+                       "optimizer_time_s": 0.5, "other_time_s": 2.5}
+    columns = _timing(clock, 0.0, 6.0, PhaseTimes(clock), automatic)()
+    assert columns["forward_time_s"] == 2.0 and columns["other_time_s"] == 1.0
+
+
+def test_compiled_model_gets_phases(tmp_path):
+    model = tiny_model()
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gpuprof.profile(tmp_path / "run", model=compiled, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(3):
+            inputs = batch(step)
+            compiled(input_ids=inputs, labels=inputs).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    assert (run.steps[["forward_time_s", "backward_time_s", "optimizer_time_s"]] > 0).all().all()
+    assert run.meta["loop"]["model"]["compiled"] is True
+    assert run.meta["loop"]["model"]["class"] == "GPT2LMHeadModel"
+
+
+class HooklessSGD:
+    """An optimizer-like object the loop steps, without torch.optim's step hooks."""
+
+    def __init__(self, params, lr: float):
+        self.param_groups = [{"params": list(params), "lr": lr}]
+
+    @torch.no_grad()
+    def step(self):
+        for param in self.param_groups[0]["params"]:
+            param.add_(param.grad, alpha=-self.param_groups[0]["lr"])
+
+    def zero_grad(self):
+        for param in self.param_groups[0]["params"]:
+            param.grad = None
+
+
+@pytest.mark.parametrize("bad", ["model", "optimizer"])
+def test_what_cannot_be_hooked_is_said_once_and_capture_goes_on(tmp_path, bad):
+    model = tiny_model()
+    optimizer = HooklessSGD(model.parameters(), lr=1e-3) if bad == "optimizer" else torch.optim.SGD(
+        model.parameters(), lr=1e-3)
+
+    def forward(inputs):  # a plain function standing for the model
+        return model(input_ids=inputs, labels=inputs).loss
+
+    given = forward if bad == "model" else model
+    with gpuprof.profile(tmp_path / "run", model=given, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(3):
+            loss = forward(batch(step))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step(loss=loss)
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.steps["step"].tolist() == [0, 1, 2] and run.steps["loss"].notna().all()
+    assert run.events["kind"].tolist() == ["phase_unavailable"]
+    lost = {"model": ["data", "forward", "backward"], "optimizer": ["optimizer"]}[bad]
+    assert run.events["details"].iloc[0]["phases"] == lost
+    kept = [f"{name}_time_s" for name in ("data", "forward", "backward", "optimizer") if name not in lost]
+    assert run.steps[[f"{name}_time_s" for name in lost]].isna().all().all()
+    assert (run.steps[kept] > 0).all().all()
+    assert run.meta["status"] == "finished"

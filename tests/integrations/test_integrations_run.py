@@ -1,0 +1,108 @@
+"""`gpuprof run` on unmodified scripts, as subprocesses: a plain loop (also under torchrun), a Trainer, Lightning."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_gpt2 import BATCH, SEQ, assert_phases_cover_the_steps
+
+import gpuprof
+
+HERE = Path(__file__).parent
+
+def gpuprof_run(*args, cwd=None, launcher=(sys.executable, "-m")) -> subprocess.CompletedProcess:
+    return subprocess.run([*launcher, "gpuprof", "run", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bare_run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
+    script_args = [HERE / "tiny_gpt2.py", "--steps", "5", "--accumulation", "2"]
+    done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("loss") == 5  # the script ran as itself, with its own arguments
+    assert done.stdout == bare_run(*script_args).stdout  # and its losses are those of a bare run
+    run = gpuprof.load_run(tmp_path / "run")
+    steps = run.steps
+    assert steps["step"].tolist() == [0, 1, 2, 3]  # the script's first optimizer step finds model and optimizer
+    assert steps["micro_batches"].tolist() == [2, 2, 2, 2]
+    assert (steps["tokens"] == 2 * BATCH * SEQ).all()
+    assert np.isfinite(steps["grad_norm"]).all() and (steps["grad_norm"] > 0).all()
+    assert_phases_cover_the_steps(steps)
+    assert run.meta["status"] == "finished"
+    assert run.meta["model"]["class"] == "GPT2LMHeadModel"
+    assert run.meta["loop"]["loader"]["batch_size"] == BATCH
+    assert run.meta["config"]["args"] == ["--steps", "5", "--accumulation", "2"]
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_recorded_and_compiles_as_without_gpuprof(tmp_path):
+    script_args = [HERE / "tiny_gpt2.py", "--steps", "3", "--accumulation", "1", "--compile"]
+    done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == bare_run(*script_args).stdout
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.meta["model"]["wrapper"] == "OptimizedModule" and run.meta["loop"]["model"]["compiled"]
+    assert run.steps["step"].tolist() == [0, 1] and (run.steps["grad_norm"] > 0).all()
+
+
+def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
+    done = gpuprof_run("--run-dir", tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "5", "--fail-at", "3")
+    assert done.returncode == 1
+    assert "RuntimeError: failing on purpose at step 3" in done.stderr
+    assert "gpuprof/integrations" not in done.stderr  # the traceback Python would print
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.meta["status"] == "failed"
+    assert run.steps["step"].tolist() == [0, 1]
+
+
+def test_a_missing_script_is_one_line_and_exit_code_2(tmp_path):
+    done = gpuprof_run(tmp_path / "nope.py")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "no such script" in done.stderr
+
+
+def test_a_trainer_script_gets_the_callback(tmp_path):
+    done = gpuprof_run("--run-dir", tmp_path / "run", HERE / "hf_trainer_script.py", tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = gpuprof.load_run(tmp_path / "run").steps
+    assert steps["step"].tolist() == [0, 1, 2]  # the callback records from the Trainer's first step
+    assert steps["micro_batches"].tolist() == [2, 2, 2]
+    assert steps["loss"].notna().all()
+    assert_phases_cover_the_steps(steps)
+
+
+def test_a_lightning_script_gets_the_callback(tmp_path):
+    done = gpuprof_run("--run-dir", tmp_path / "run", HERE / "lightning_gpt2.py", tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.steps["micro_batches"].tolist() == [2, 2, 2]
+    assert run.meta["config"]["accumulate_grad_batches"] == 2
+    assert run.meta["config"]["script"] == str(HERE / "lightning_gpt2.py")
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_share_one_default_run_dir(tmp_path):
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(free_port()), "-m")
+    done = gpuprof_run(HERE / "tiny_gpt2.py", "--steps", "3", "--ddp", cwd=tmp_path, launcher=torchrun)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("tiny_gpt2-")
+    run = gpuprof.load_run(run_dir)
+    assert run.meta["model"]["wrapper"] == "DistributedDataParallel"
+    assert sorted(run.steps.groupby("rank")["step"].count().items()) == [(0, 2), (1, 2)]
