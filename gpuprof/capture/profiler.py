@@ -236,9 +236,9 @@ class Profiler:
         return self._started and not self._closed and not self._broken
 
     # ------------------------------------------------------------------ internals
-    def _begin_step(self, start=None) -> None:
-        """`start`: the previous step's end stamp, so every moment of the loop belongs to a step."""
-        self._step_start = start if start is not None else self.clock.stamp()
+    def _begin_step(self) -> None:
+        """A step starts when gpuprof's own work in prof.step() is done: that work is not the loop's time."""
+        self._step_start = self.clock.stamp()
         self._step_phases = PhaseTimes(self.clock)
         self.collectors.call("on_step_start", self, self.step_index)
 
@@ -248,6 +248,8 @@ class Profiler:
 
     def _end_step(self, loss, tokens, batch=None) -> None:
         end = self.clock.stamp()
+        own_work_started = time.perf_counter()
+        own_work_s: list[float] = []
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         state = StepState(step=self.step_index, loss=_detached(loss), tokens=tokens, batch=batch)
         if isinstance(state.loss, torch.Tensor):
@@ -258,6 +260,7 @@ class Profiler:
             "loss": state.loss, "tokens": tokens, "loss_finite": state.loss_finite,
             "micro_batches": _micro_batches(self._step_phases) or _micro_batches(automatic),
             "_timing": _timing(self.clock, self._step_start, end, self._step_phases, automatic),
+            "capture_time_s": lambda: own_work_s[0],
         }
         for extra in self.collectors.call("on_step_end", self, state):
             if extra:
@@ -265,9 +268,10 @@ class Profiler:
         # phases may run on other streams: the record waits for every stamp, not only its own copy
         stamps = [end, *self._step_phases.stamps(), *(automatic.stamps() if automatic else ())]
         self._pending.append((PendingRecord(fields), stamps))
+        own_work_s.append(time.perf_counter() - own_work_started)
         self._drain(False)
         self.step_index += 1
-        self._begin_step(end)
+        self._begin_step()
 
     def _drain(self, final: bool) -> None:
         if final and self.device.type == "cuda" and self._pending:

@@ -8,7 +8,9 @@ from functools import cached_property
 
 import pandas as pd
 
-from gpuprof.analysis.run.summary import RunSummary, measured_samples, measured_steps, primary_device, summarize
+from gpuprof.analysis.run.summary import (
+    RunSummary, first_row, measured_samples, measured_steps, primary_device, summarize,
+)
 from gpuprof.run import query as q
 from gpuprof.errors import GpuprofError
 
@@ -16,6 +18,17 @@ log = logging.getLogger(__name__)
 
 # Compute capability from which matmuls can run on tensor cores (Volta).
 TENSOR_CORE_MIN_CAPABILITY = (7, 0)
+# NVML clock-event reasons that mean heat or power, not idleness or an application setting.
+THERMAL_OR_POWER = ("thermal", "power", "hw_slowdown")
+THROTTLED = q.list_contains_any("throttle_reasons", THERMAL_OR_POWER)
+# What the rules read of the measured device samples, computed in the summary's one scan of the
+# system stream (see `measured_sample_figures`) and read as `ctx.device_figures`.
+DEVICE_FIGURES = {
+    "samples": q.count(),
+    "throttled_samples": q.count_where(THROTTLED),
+    "gpu_util_mean_pct": q.mean("gpu_util_pct"),
+    "gpu_util_samples": q.count("gpu_util_pct"),
+}
 
 
 def parse_capability(value) -> tuple[int, int] | None:
@@ -37,7 +50,7 @@ class RunContext:
 
     @classmethod
     def of(cls, run) -> "RunContext":
-        return cls(run=run, summary=summarize(run))
+        return cls(run=run, summary=summarize(run, DEVICE_FIGURES))
 
     @property
     def meta(self) -> dict:
@@ -78,7 +91,7 @@ class RunContext:
 
     def all_steps(self, aggregates: dict) -> dict:
         """`aggregates` over every step row of every rank (warm-up included), as a dict of numbers (None when unknown)."""
-        return _row(self._aggregate("steps", aggregates, None, ()))
+        return first_row(self._aggregate("steps", aggregates, None, ()))
 
     def _aggregate(self, stream: str, aggregates: dict, by, where: tuple) -> pd.DataFrame:
         """One engine query per distinct question: rules that ask the same (memory ones do) share it."""
@@ -89,9 +102,14 @@ class RunContext:
     def _measured_device_rows(self) -> list:
         return [q.device_rows(), *measured_samples(self.run.query, self.summary.warmup)]
 
+    @property
+    def device_figures(self) -> dict:
+        """`DEVICE_FIGURES` over the measured device samples (None where unknown)."""
+        return self.summary.device_figures
+
     def device_samples(self, aggregates: dict) -> dict:
         """`aggregates` over the device rows of the system samples taken during measured steps."""
-        return _row(self._aggregate("system", aggregates, None, tuple(self._measured_device_rows)))
+        return first_row(self._aggregate("system", aggregates, None, tuple(self._measured_device_rows)))
 
     def device_sample_counts(self, column: str) -> pd.Series:
         """How often each entry of a list column (throttle reasons) occurs in the measured device samples."""
@@ -161,10 +179,3 @@ class RunContext:
     def device_trace(self):
         """The trace analyzer when the traces hold device (GPU) activity, else None."""
         return self.trace if self.trace is not None and self.trace.has_device_activity else None
-
-
-def _row(frame: pd.DataFrame) -> dict:
-    """The single row of an aggregate as plain numbers, None where unknown."""
-    row = frame.iloc[0]
-    return {name: (row[name].item() if hasattr(row[name], "item") else row[name]) if pd.notna(row[name]) else None
-            for name in frame.columns}

@@ -23,7 +23,7 @@ import re
 import tempfile
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -60,12 +60,23 @@ class Expr:
 
 @dataclass(frozen=True)
 class Agg:
-    """An aggregate over the rows of a group; `holistic` ones (quantiles) need all of its values."""
+    """An aggregate over the rows of a group that `condition` keeps (all when empty); `holistic` ones
+    (quantiles) need all of its values. `call` is one aggregate function call unless `composite`."""
 
-    sql: str
+    call: str
     holistic: bool = False
     value_sql: str = ""
     q: float = 0.0
+    condition: str = ""
+    composite: bool = False
+
+    @property
+    def sql(self) -> str:
+        return self.call + _filter_clause(self.condition)
+
+
+def _filter_clause(condition: str) -> str:
+    return f" FILTER (WHERE {condition})" if condition else ""
 
 
 @dataclass(frozen=True)
@@ -119,30 +130,38 @@ def count(column: str | Expr | None = None) -> Agg:
 
 
 def count_where(condition: Filter) -> Agg:
-    return Agg(f"count(*) FILTER (WHERE {condition.sql})")
+    return Agg("count(*)", condition=condition.sql)
 
 
 def weighted_mean(value: str, weight: str) -> Agg:
     """sum(value * weight) / sum(weight) over rows where both are known; null when the weights sum to 0."""
     v, w = _ident(value), _ident(weight)
     both = f"{v} IS NOT NULL AND {w} IS NOT NULL"
-    return Agg(f"(sum({v} * {w}) FILTER (WHERE {both}) / nullif(sum({w}) FILTER (WHERE {both}), 0))")
+    return Agg(f"(sum({v} * {w}) FILTER (WHERE {both}) / nullif(sum({w}) FILTER (WHERE {both}), 0))", composite=True)
 
 
 def first(column: str) -> Agg:
     """The first known value in the stream's order (steps: by step, then rank); streams, never sorts."""
-    return Agg(f"arg_min({_ident(column)}, {{order}}) FILTER (WHERE {_ident(column)} IS NOT NULL)")
+    return Agg(f"arg_min({_ident(column)}, {{order}})", condition=f"{_ident(column)} IS NOT NULL")
 
 
 def last(column: str) -> Agg:
-    return Agg(f"arg_max({_ident(column)}, {{order}}) FILTER (WHERE {_ident(column)} IS NOT NULL)")
+    return Agg(f"arg_max({_ident(column)}, {{order}})", condition=f"{_ident(column)} IS NOT NULL")
 
 
 def quantile(column: str | Expr, q: float, where: Filter | None = None) -> Agg:
     """The q-quantile (0-1), interpolated linearly as numpy's percentile; nulls ignored."""
     value = _value(column)
-    condition = f" FILTER (WHERE {where.sql})" if where else ""
-    return Agg(f"quantile_cont({value}, {float(q)!r}){condition}", holistic=True, value_sql=value + condition, q=q)
+    return Agg(f"quantile_cont({value}, {float(q)!r})", holistic=True, value_sql=value, q=q,
+               condition=where.sql if where else "")
+
+
+def within(aggregate: Agg, rows: Filter) -> Agg:
+    """The aggregate over only the `rows` of its group: aggregates of different rows in one scan."""
+    if aggregate.composite:
+        raise ValueError(f"not one aggregate call: {aggregate.call}")
+    condition = f"({rows.sql}) AND ({aggregate.condition})" if aggregate.condition else rows.sql
+    return replace(aggregate, condition=condition)
 
 
 def since_step(step: int) -> Filter:
@@ -399,11 +418,13 @@ def _exact_or_estimate(aggregate: Agg, rows: int) -> str:
 
 
 def _approx(aggregate: Agg) -> str:
-    value, _, condition = aggregate.value_sql.partition(" FILTER ")
-    return f"reservoir_quantile({value}, {aggregate.q!r}, {ESTIMATE_SAMPLE_ROWS})" + (f" FILTER {condition}" if condition else "")
+    return (f"reservoir_quantile({aggregate.value_sql}, {aggregate.q!r}, {ESTIMATE_SAMPLE_ROWS})"
+            + _filter_clause(aggregate.condition))
 
 
 def _empty_type(stream: str, column: str) -> str:
+    if column in schema.LIST_COLUMNS.get(stream, ()):
+        return "VARCHAR[]"
     return "BOOLEAN" if column in schema.FLAG_COLUMNS.get(stream, ()) else "DOUBLE"
 
 
@@ -415,7 +436,7 @@ def _projection(stream: str, types: dict[str, str]) -> list[str]:
     for column in columns:
         name, kind = _ident(column), types.get(column)
         if column in schema.LIST_COLUMNS.get(stream, ()) and not (kind or "").endswith("[]"):
-            selected.append(f"NULL::VARCHAR[] AS {name}")
+            selected.append(f"NULL::{_empty_type(stream, column)} AS {name}")
         elif kind is None:
             selected.append(f"NULL::{_empty_type(stream, column)} AS {name}")
         elif column in flags and kind != "BOOLEAN":

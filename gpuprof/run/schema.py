@@ -20,7 +20,7 @@ NUMERICS_DIR = "numerics"
 STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": (
         "step", "rank", "time_unix_s", "step_time_s", "data_time_s", "forward_time_s",
-        "backward_time_s", "optimizer_time_s", "other_time_s", "micro_batches", "loss", "tokens",
+        "backward_time_s", "optimizer_time_s", "other_time_s", "capture_time_s", "micro_batches", "loss", "tokens",
         "tokens_per_s", "flops_per_s", "mfu", "grad_norm", "grad_norm_finite", "loss_finite",
         "scaler_scale", "scaler_growth_tracker", "step_skipped", "lr", "mem_allocated_bytes",
         "mem_reserved_bytes", "mem_peak_allocated_bytes", "mem_alloc_retries", "mem_ooms",

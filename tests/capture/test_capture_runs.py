@@ -174,3 +174,15 @@ def test_the_three_line_api_without_model_optimizer_or_phases(tmp_path):
     assert steps[["grad_norm", "step_skipped", "lr", "data_time_s", "flops_per_s"]].isna().all().all()
     np.testing.assert_allclose(steps["other_time_s"], steps["step_time_s"])
     assert run.system.empty and run.meta["model"] is None
+
+
+def test_gpuprofs_own_work_is_not_the_next_steps_time(tmp_path):
+    """A trace window exported at step 3's prof.step() is capture_time_s there, not step 4's time."""
+    train(tmp_path / "run", steps=7, trace_steps=range(2, 4))
+    steps = gpuprof.load_run(tmp_path / "run").steps.set_index("step")
+    export_s = steps.loc[3, "capture_time_s"]
+    others = steps["capture_time_s"].drop(index=3)
+    assert export_s > 5 * others.median()  # writing a trace is far more than the per-step bookkeeping
+    # the step after it does not carry it: before, the export was the bulk of its other_time_s
+    assert steps.loc[4, "other_time_s"] < export_s
+    assert (steps["capture_time_s"] >= 0).all()

@@ -31,7 +31,7 @@ def test_low_gpu_utilization(write_gpu_run):
     (finding,) = fired(write_gpu_run(sample=lambda i: {"gpu_util_pct": idle_pct}), "low-gpu-utilization")
     assert finding.severity == "critical"
     assert finding.evidence["gpu_busy_pct"] == pytest.approx(idle_pct)
-    assert finding.evidence["source"] == "nvml"
+    assert finding.evidence["source"] == "nvml" and finding.evidence["gpu_util_p10_pct"] == pytest.approx(idle_pct)
     busy = utilization.GPU_UTIL_WARNING_PCT + 1
     assert not fired(write_gpu_run(sample=lambda i: {"gpu_util_pct": busy}), "low-gpu-utilization")
 

@@ -12,14 +12,16 @@ import pytest
 
 from gpuprof.analysis.run.summary import OWN_WORK_PHASES, PHASES, detect_warmup, slowest_ranks, step_times, summarize
 from gpuprof.diagnoses import diagnose
+from gpuprof.diagnoses.context import DEVICE_FIGURES, THERMAL_OR_POWER
 from gpuprof.run import query as q
+from gpuprof.run import schema
 from gpuprof.run.reader import load_run
 from gpuprof.run.writer import RunWriter
 
 
 def test_summary_from_the_engine_equals_pandas_over_every_row(many_ranks):
     run = load_run(many_ranks)
-    summary = summarize(run)
+    summary = summarize(run, DEVICE_FIGURES)
     steps = load_run(many_ranks).steps  # the pandas reader: every row of every rank
     times = step_times(steps)
     pd.testing.assert_series_equal(summary.step_times, times, check_names=False, check_index_type=False)
@@ -41,6 +43,13 @@ def test_summary_from_the_engine_equals_pandas_over_every_row(many_ranks):
     samples = run.system
     start_s = steps.loc[steps["step"] == warmup.first_measured_step - 1, "time_unix_s"].max()
     assert summary.gpu_util_mean_pct == pytest.approx(samples.loc[samples["time_unix_s"] >= start_s, "gpu_util_pct"].mean())
+    device = samples[samples["device_index"].notna() & (samples["time_unix_s"] >= start_s)]
+    throttled = device["throttle_reasons"].map(
+        lambda reasons: any(r in str(e).lower() for e in reasons for r in THERMAL_OR_POWER))
+    assert 0 < throttled.sum() < len(device), "the synthetic run has throttled and unthrottled samples"
+    assert summary.device_figures == pytest.approx({
+        "samples": len(device), "throttled_samples": throttled.sum(), "gpu_util_mean_pct": device["gpu_util_pct"].mean(),
+        "gpu_util_samples": device["gpu_util_pct"].count()})
     assert summary.missing_ranks == []
 
 
@@ -115,3 +124,28 @@ def test_events_and_one_rank_read_as_the_reader_gives_them(many_ranks):
     counts = run.query.list_value_counts("system", "throttle_reasons")
     expected = load_run(many_ranks).system["throttle_reasons"].explode().dropna().value_counts()
     assert counts.to_dict() == expected.to_dict()
+
+
+def test_aggregates_within_their_own_rows_share_one_query(tmp_path):
+    writer = RunWriter(tmp_path / "run", rank=0)
+    writer.write_run_meta({"format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "name": "run",
+                           "world_size": 1})
+    for i in range(40):  # every third sample a host-only row (no device), every fourth one power-capped
+        writer.write("system", [{"time_unix_s": 1000.0 + i, "rank": 0, "device_index": None if i % 3 == 0 else 0,
+                                 "gpu_util_pct": float(i), "throttle_reasons": ["sw_power_cap"] if i % 4 == 0 else []}])
+    writer.close()
+    samples = load_run(tmp_path / "run").system
+    capped = q.list_contains_any("throttle_reasons", ("power",))
+    answer = load_run(tmp_path / "run").query.aggregate("system", {
+        "all_mean": q.mean("gpu_util_pct"),
+        "device_rows": q.within(q.count(), q.device_rows()),
+        "device_capped": q.within(q.count_where(capped), q.device_rows()),
+        "device_capped_p50": q.within(q.quantile("gpu_util_pct", 0.5, where=capped), q.device_rows()),
+    }).iloc[0]
+    device = samples[samples["device_index"].notna()]
+    device_capped = device[device["throttle_reasons"].map(len) > 0]
+    assert answer["all_mean"] == pytest.approx(samples["gpu_util_pct"].mean())
+    assert answer["device_rows"] == len(device) and answer["device_capped"] == len(device_capped)
+    assert answer["device_capped_p50"] == pytest.approx(device_capped["gpu_util_pct"].median())
+    with pytest.raises(ValueError, match="not one aggregate call"):
+        q.within(q.weighted_mean("gpu_util_pct", "gpu_util_pct"), q.device_rows())

@@ -66,6 +66,8 @@ class RunSummary:
     step_times: pd.Series = field(default_factory=lambda: pd.Series(dtype=float), repr=False)
     # Ranks of the world that left no readable steps (killed before writing, folder lost or damaged).
     missing_ranks: list = field(default_factory=list)
+    # The `device_figures` summarize was asked for, over the measured device samples; not in to_dict.
+    device_figures: dict = field(default_factory=dict, repr=False)
 
     @property
     def peak_memory_bytes(self) -> float | None:
@@ -81,7 +83,8 @@ class RunSummary:
         return after_warmup_times(self.step_times, self.warmup)
 
     def to_dict(self) -> dict:
-        data = {key: getattr(self, key) for key in self.__dataclass_fields__ if key not in ("per_rank", "step_times")}
+        data = {key: getattr(self, key) for key in self.__dataclass_fields__
+                if key not in ("per_rank", "step_times", "device_figures")}
         data["warmup"] = dict(vars(self.warmup))
         data["measured_steps"] = self.measured_steps
         data["per_rank"] = self.per_rank.to_dict(orient="records")
@@ -144,6 +147,23 @@ def measured_samples(query, warmup: Warmup) -> list:
     end = query.aggregate("steps", {"end_s": q.maximum("time_unix_s")}, where=[q.at_step(warmup.first_measured_step - 1)])
     start_s = end["end_s"].iloc[0]
     return [q.since_time(float(start_s))] if pd.notna(start_s) else []
+
+
+def measured_sample_figures(query, warmup: Warmup, device_figures: dict) -> dict:
+    """The mean GPU utilization over the system samples of measured steps, and `device_figures`
+    (name -> aggregate) over their device rows, as `device:NAME`: one scan of a stream that holds
+    14 rows per step and rank (36M at 256 ranks), where a scan per figure costs most of a second."""
+    device_rows = q.device_rows()
+    aggregates = {"gpu_util_mean_pct": q.mean("gpu_util_pct"),
+                  **{f"device:{name}": q.within(aggregate, device_rows) for name, aggregate in device_figures.items()}}
+    return first_row(query.aggregate("system", aggregates, where=measured_samples(query, warmup)))
+
+
+def first_row(frame: pd.DataFrame) -> dict:
+    """The single row of an aggregate as plain numbers, None where unknown."""
+    row = frame.iloc[0]
+    return {name: (row[name].item() if hasattr(row[name], "item") else row[name]) if pd.notna(row[name]) else None
+            for name in frame.columns}
 
 
 def percentile(values: pd.Series, q: float) -> float | None:
@@ -264,8 +284,9 @@ def primary_device(meta: dict) -> dict:
     return devices[0] or {}
 
 
-def summarize(run) -> RunSummary:
-    """The run's headline figures, after leaving out warm-up steps (see `detect_warmup`).
+def summarize(run, device_figures: dict | None = None) -> RunSummary:
+    """The run's headline figures, after leaving out warm-up steps (see `detect_warmup`), and the
+    `device_figures` (name -> aggregate) over the measured device samples.
 
     Computed by the run's query engine (`run.query`), so memory stays bounded at any number of ranks."""
     query = run.query
@@ -275,7 +296,7 @@ def summarize(run) -> RunSummary:
     mean_s = float(measured_times.mean()) if len(measured_times) else None
     measured = _figures(query, MEASURED_FIGURES, measured_steps(warmup)) if len(times) else dict.fromkeys(MEASURED_FIGURES)
     whole = _figures(query, WHOLE_RUN_FIGURES) if len(times) else dict.fromkeys(WHOLE_RUN_FIGURES)
-    util = query.aggregate("system", {"mean": q.mean("gpu_util_pct")}, where=measured_samples(query, warmup))
+    samples = measured_sample_figures(query, warmup, device_figures or {})
     device = primary_device(run.meta)
     return RunSummary(
         name=run.name,
@@ -298,10 +319,11 @@ def summarize(run) -> RunSummary:
         peak_mem_reserved_bytes=whole["peak_mem_reserved_bytes"],
         peak_rss_bytes=whole["peak_rss_bytes"],
         device_mem_total_bytes=device.get("total_memory_bytes") if device.get("kind") == "cuda" else None,
-        gpu_util_mean_pct=_known(util["mean"].iloc[0]),
+        gpu_util_mean_pct=_known(samples["gpu_util_mean_pct"]),
         phase_split_pct=phase_split_pct(measured) if len(times) else dict.fromkeys(PHASES),
         health=health(whole),
         per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
         step_times=times,
         missing_ranks=query.missing_ranks,
+        device_figures={name: samples[f"device:{name}"] for name in device_figures or {}},
     )

@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
+from gpuprof.diagnoses.context import THERMAL_OR_POWER, THROTTLED
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
 
 THROTTLED_SHARE_WARNING_PCT = 10.0
-# NVML clock-event reasons that mean heat or power, not idleness or an application setting.
-THERMAL_OR_POWER = ("thermal", "power", "hw_slowdown")
 
 
 @rule("gpu-throttling", gpu_only=True)
 def gpu_throttling(ctx):
-    throttled = q.list_contains_any("throttle_reasons", THERMAL_OR_POWER)
-    counts = ctx.device_samples({"samples": q.count(), "throttled": q.count_where(throttled)})
+    counts = ctx.device_figures
     if not counts["samples"]:
         return None
-    share_pct = 100 * counts["throttled"] / counts["samples"]
+    share_pct = 100 * counts["throttled_samples"] / counts["samples"]
     if share_pct < THROTTLED_SHARE_WARNING_PCT:
         return None
     figures = ctx.device_samples({  # the evidence: a second pass, only over runs that were throttled
         "temp_max_c": q.maximum("temp_c"),
         "power_max_w": q.maximum("power_w"),
-        "sm_clock_throttled_median_mhz": q.quantile("sm_clock_mhz", 0.5, where=throttled),
-        "sm_clock_unthrottled_median_mhz": q.quantile("sm_clock_mhz", 0.5, where=q.negate(throttled)),
+        "sm_clock_throttled_median_mhz": q.quantile("sm_clock_mhz", 0.5, where=THROTTLED),
+        "sm_clock_unthrottled_median_mhz": q.quantile("sm_clock_mhz", 0.5, where=q.negate(THROTTLED)),
     })
     reasons = ctx.device_sample_counts("throttle_reasons")
     reasons = reasons[reasons.index.str.lower().str.contains("|".join(THERMAL_OR_POWER))]

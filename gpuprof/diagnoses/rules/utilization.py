@@ -14,10 +14,9 @@ MIN_SAMPLES = 5
 
 def busy_pct(ctx) -> tuple[float, dict] | None:
     """Mean GPU busy share and where it comes from."""
-    util = ctx.device_samples({"mean": q.mean("gpu_util_pct"), "samples": q.count("gpu_util_pct"),
-                               "p10": q.quantile("gpu_util_pct", 0.1)})
-    if util["samples"] >= MIN_SAMPLES:
-        return util["mean"], {"source": "nvml", "samples": util["samples"], "gpu_util_p10_pct": util["p10"]}
+    util = ctx.device_figures
+    if util["gpu_util_samples"] >= MIN_SAMPLES:
+        return util["gpu_util_mean_pct"], {"source": "nvml", "samples": util["gpu_util_samples"]}
     trace = ctx.device_trace
     temporal = trace.temporal_breakdown() if trace is not None else None
     if temporal is None or temporal.empty:
@@ -31,6 +30,8 @@ def low_gpu_utilization(ctx):
     if measured is None or measured[0] >= GPU_UTIL_WARNING_PCT:
         return None
     mean_pct, details = measured
+    if details["source"] == "nvml":  # the evidence: a second pass, only over runs that were mostly idle
+        details["gpu_util_p10_pct"] = ctx.device_samples({"p10": q.quantile("gpu_util_pct", 0.1)})["p10"]
     return Finding(
         rule="low-gpu-utilization",
         severity="critical" if mean_pct < GPU_UTIL_CRITICAL_PCT else "warning",
