@@ -84,8 +84,7 @@ class MicroBatch:
 
     items: list[dict[str, Any] | LossCall] = field(default_factory=list)
     consts: list[torch.Tensor] = field(default_factory=list)
-    target: Any = None  # the reference of the tensor backward() was called on
-    scaled_by: Any = None  # set when that tensor was the loss times the GradScaler's scale
+    target: Any = None  # the reference of the loss backward() ran from (unscaled)
 
 
 @dataclass
@@ -154,8 +153,7 @@ class Tape:
         self._step = StepTape()
         self._micro: MicroBatch | None = None
         self._known: dict[int, tuple[Any, torch.Tensor]] = {}  # id(tensor) -> (reference, tensor kept alive)
-        self._scaled: set[int] = set()  # ids of tensors computed from the GradScaler's scale
-        self._scaled_items: set[int] = set()  # the loss calls that computed them
+        self._scaled_items: set[int] = set()  # the loss calls computed from the GradScaler's scale
         self._param_names: dict[int, str] | None = None
         self._handles: list = []
 
@@ -194,7 +192,6 @@ class Tape:
             self._step.error = f"recording stopped: {error!r}"
             self._window.recording = False
 
-
     def _on_forward(self, module, args, kwargs) -> None:
         self._leave_window()  # model code is not part of the loss program
         self.safely(self._before_forward, args, kwargs)
@@ -228,26 +225,21 @@ class Tape:
         if len(micro.items) >= MAX_LOSS_CALLS:
             raise RuntimeError(f"more than {MAX_LOSS_CALLS} torch calls between forward and backward")
         index = len(micro.items)
-        scale = getattr(self.scaler, "_scale", None)
-        inputs: list[torch.Tensor] = []
-        encode = self._encoder(micro, inputs)
+        seen: list[tuple[Any, torch.Tensor]] = []
+        encode = self._encoder(micro, seen)
         micro.items.append(LossCall(func, _map(args, torch.Tensor, encode), _map(kwargs, torch.Tensor, encode),
                                     autocast_now(), user_frame()))
-        scaled = any(id(t) in self._scaled or t is scale for t in inputs)
-        if scaled:
+        scale = getattr(self.scaler, "_scale", None)  # made inside the window at the first scaler.scale()
+        if any(tensor is scale or self._scale_derived(micro, ref) for ref, tensor in seen):
             self._scaled_items.add(index)
         for leaf, tensor in enumerate(results):
             self._known[id(tensor)] = (Result(index, leaf), tensor)
-            if scaled:
-                self._scaled.add(id(tensor))
 
     def close_micro_batch(self, tensor) -> None:
         micro, self._micro = self._micro, None
         known = self._known.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
         if micro is not None and known is not None:
-            micro.target = known[0]
-            if id(tensor) in self._scaled:
-                micro.target, micro.scaled_by = self._unscaled(micro, known[0]), "grad_scaler"
+            micro.target = self._unscaled(micro, known[0]) if self._scale_derived(micro, known[0]) else known[0]
         elif micro is not None:
             self._step.error = "backward() was called on a tensor computed where gpuprof could not see it"
         self._forget()
@@ -269,27 +261,30 @@ class Tape:
             return micro.consts[ref.index] is getattr(self.scaler, "_scale", None)
         return isinstance(ref, Result) and ref.item in self._scaled_items
 
-    def _encoder(self, micro: MicroBatch, seen: list[torch.Tensor]) -> Callable[[torch.Tensor], Any]:
-        """tensor -> its reference; every tensor encoded is also appended to `seen`."""
+    def _encoder(self, micro: MicroBatch, seen: list) -> Callable[[torch.Tensor], Any]:
+        """tensor -> its reference; each (reference, tensor) handed out is also appended to `seen`."""
 
         def encode(tensor: torch.Tensor):
-            seen.append(tensor)
-            known = self._known.get(id(tensor))
-            if known is not None and known[1] is tensor:
-                return known[0]
-            if isinstance(tensor, torch.nn.Parameter):
-                name = self._names().get(id(tensor))
-                if name is not None:
-                    return Param(name)
-            if tensor.grad_fn is not None:  # computed from the model by a call gpuprof did not see
-                raise RuntimeError(f"the loss uses a {tuple(tensor.shape)} tensor computed by a call gpuprof "
-                                   "cannot record (e.g. an autograd.Function)")
-            micro.consts.append(tensor)
-            ref = Const(len(micro.consts) - 1)
-            self._known[id(tensor)] = (ref, tensor)
-            return ref
+            seen.append((self._reference(micro, tensor), tensor))
+            return seen[-1][0]
 
         return encode
+
+    def _reference(self, micro: MicroBatch, tensor: torch.Tensor):
+        known = self._known.get(id(tensor))
+        if known is not None and known[1] is tensor:
+            return known[0]
+        if isinstance(tensor, torch.nn.Parameter):
+            name = self._names().get(id(tensor))
+            if name is not None:
+                return Param(name)
+        if tensor.grad_fn is not None:  # computed from the model by a call gpuprof did not see
+            raise RuntimeError(f"the loss uses a {tuple(tensor.shape)} tensor computed by a call gpuprof "
+                               "cannot record (e.g. an autograd.Function)")
+        micro.consts.append(tensor)
+        ref = Const(len(micro.consts) - 1)
+        self._known[id(tensor)] = (ref, tensor)
+        return ref
 
     def _names(self) -> dict[int, str]:
         if self._param_names is None:
@@ -298,7 +293,6 @@ class Tape:
 
     def _forget(self) -> None:
         self._known.clear()
-        self._scaled.clear()
         self._scaled_items.clear()
 
     def _drop_open_micro_batch(self) -> None:
@@ -404,15 +398,14 @@ def encode_micro_batch(micro: MicroBatch) -> dict[str, Any]:
     items = [item if isinstance(item, dict) else {
         "function": _function_name(item.func), "args": _encode(item.args), "kwargs": _encode(item.kwargs),
         "autocast": item.autocast, "where": item.source} for item in micro.items]
-    return {"items": items, "consts": list(micro.consts), "target": _encode(micro.target),
-            "scaled_by": micro.scaled_by}
+    return {"items": items, "consts": list(micro.consts), "target": _encode(micro.target)}
 
 
 def decode_micro_batch(plain: dict[str, Any], device: torch.device) -> MicroBatch:
     items = [item if FORWARD_ARGS in item else LossCall(
         _function(item["function"]), _decode(item["args"], device), _decode(item["kwargs"], device),
         item["autocast"], item["where"]) for item in plain["items"]]
-    return MicroBatch(items, list(plain["consts"]), _decode(plain["target"], device), plain["scaled_by"])
+    return MicroBatch(items, list(plain["consts"]), _decode(plain["target"], device))
 
 
 def _function_name(func) -> dict[str, str]:

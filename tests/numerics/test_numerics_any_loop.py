@@ -92,6 +92,28 @@ def test_fault_in_a_user_loop_is_blamed_exactly(tmp_path, capsys, fault, precisi
         assert "same blame as recorded during training" in capsys.readouterr().out
 
 
+def test_the_recorded_loss_is_the_one_before_grad_scaling():
+    """At the first scaler.scale() the scale is made inside the recorded window; later it is a constant.
+    Either way the micro-batch ends at the loss, not at loss * scale (the re-run scales it itself)."""
+    from gpuprof.numerics.tape import LossCall, Tape
+
+    model = user_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    tape = Tape(model, scaler)
+    tape.on_start(type("Prof", (), {"optimizer": optimizer}))
+    try:
+        for _ in range(2):
+            x = tokens()
+            loss = F.cross_entropy(model(x).logits.flatten(0, 1), x.flatten())
+            scaler.scale(loss).backward()
+            [micro] = tape.take().micro_batches
+            loss_call = micro.items[micro.target.item]
+            assert isinstance(loss_call, LossCall) and loss_call.func is F.cross_entropy
+    finally:
+        tape.on_close(None)
+
+
 def test_gradient_accumulation_blames_the_micro_batch(tmp_path):
     run_dir = tmp_path / "run"
     nanogpt_loop(run_dir, steps=2, accumulation=2, fault="ignored-labels@1")
