@@ -50,12 +50,13 @@ import overhead  # benchmarks/overhead.py, beside this script
 
 import gpuprof
 from gpuprof.analysis.run import summarize
-from gpuprof.analysis.run.compare import metrics_table
+from gpuprof.report.comparison import metrics_table
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.cli import main as gpuprof_cli
 from gpuprof.flops import model_flops_per_token
 from gpuprof.hardware import peak_flops_per_s
-from gpuprof.numerics.blame import EVENT_KIND, Blame, format_blame
+from gpuprof.numerics.blame import Blame, format_blame
+from gpuprof.run.schema import EventKind
 from gpuprof.workloads.gpt2 import TrainConfig, build_model, build_optimizer
 from gpuprof.workloads.gpt2.model import compute_dtype, enable_tf32
 
@@ -355,7 +356,7 @@ def failures(items: dict) -> dict:
 
 
 def ratios(summaries: dict) -> dict:
-    """Each variant over the baseline, per headline metric (gpuprof.analysis.run.compare's table)."""
+    """Each variant over the baseline, per headline metric (gpuprof.report.comparison's table)."""
     result = {}
     for name, summary in summaries.items():
         if name == "baseline":
@@ -474,9 +475,9 @@ def inject(bench: Bench, fault: str, expected: dict) -> dict:
 
 def recorded_blame(run_dir: Path) -> Blame:
     events = gpuprof.load_run(run_dir).events
-    found = events[events["kind"] == EVENT_KIND]
+    found = events[events["kind"] == EventKind.NONFINITE]
     if found.empty:
-        raise RuntimeError(f"no {EVENT_KIND} event recorded in {run_dir}")
+        raise RuntimeError(f"no {EventKind.NONFINITE} event recorded in {run_dir}")
     row = found.iloc[0]
     details = row["details"] if isinstance(row["details"], dict) else json.loads(row["details"])
     return Blame.from_details({**details, "step": int(row["step"])})
@@ -549,7 +550,7 @@ def analyze(run_dir: Path, folder: Path, logs: Path) -> dict:
     (folder / f"{run_dir.name}.txt").write_text(text)
     (folder / f"{run_dir.name}.json").write_text(document)
     report = json.loads(document)
-    return {"tokens_per_s": report["summary"]["tokens_per_s"],
+    return {"tokens_per_s": report["summary"]["tokens_per_s"], "verdict": report["verdict"]["headline"],
             "findings": [f"{finding['severity']} {finding['rule']}" for finding in report["findings"]]}
 
 

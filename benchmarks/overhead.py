@@ -15,6 +15,7 @@ Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, 
           in wall time per step over the configuration before
 
     .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
+    .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
     .venv/bin/python benchmarks/overhead.py --components timer switch
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -71,14 +73,20 @@ class Bare:
         pass
 
 
-def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device, marked: bool = True) -> None:
-    """`steps` optimizer steps; `marked`: with prof.phase() around data, forward, backward, optimizer."""
+def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device, marked: bool = True,
+                loss_outside: bool = False) -> None:
+    """`steps` optimizer steps; `marked`: with prof.phase() around data, forward, backward, optimizer;
+    `loss_outside`: the loop computes the loss from the logits (nanoGPT style) instead of `labels=`."""
     phase = prof.phase if marked else Bare().phase
     for _ in range(steps):
         with phase("data"):
             batch = tokens.to(device, non_blocking=True)
         with phase("forward"), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = model(input_ids=batch, labels=batch).loss
+            if loss_outside:
+                logits = model(input_ids=batch).logits
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+            else:
+                loss = model(input_ids=batch, labels=batch).loss
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):
@@ -111,12 +119,13 @@ def timed_block(prof, args, model, optimizer, tokens, device, dtype, marked: boo
     return timed_steps(prof, args.steps, model, optimizer, tokens, device, dtype, marked)[args.clock]
 
 
-def timed_steps(prof, steps: int, model, optimizer, tokens, device, dtype, marked: bool) -> dict[str, float]:
+def timed_steps(prof, steps: int, model, optimizer, tokens, device, dtype, marked: bool,
+                loss_outside: bool = False) -> dict[str, float]:
     """Seconds per step on every clock over `steps` steps, after one warm-up step."""
-    train_steps(prof, model, optimizer, tokens, 1, dtype, device, marked)
+    train_steps(prof, model, optimizer, tokens, 1, dtype, device, marked, loss_outside)
     _synchronize(device)
     start = {name: clock() for name, clock in CLOCKS.items()}
-    train_steps(prof, model, optimizer, tokens, steps, dtype, device, marked)
+    train_steps(prof, model, optimizer, tokens, steps, dtype, device, marked, loss_outside)
     _synchronize(device)
     return {name: (clock() - start[name]) / steps for name, clock in CLOCKS.items()}
 
@@ -174,7 +183,7 @@ class Bench:
 
     def block(self, prof) -> dict[str, float]:
         return timed_steps(prof, self.args.steps, self.model, self.optimizer, self.tokens, self.device, self.dtype,
-                           self.args.phases)
+                           self.args.phases, self.args.loss == "outside")
 
     def open_run(self, options: dict) -> Profiler:
         self._runs += 1
@@ -270,8 +279,9 @@ class HookTimer:
         self.patch(NumericsMonitor, "_begin_step", "numerics: state keeping")
         self.patch(NumericsMonitor, "_refresh_keeper", "numerics: state keeping")
         self.patch(NumericsMonitor, "_keep_if_grads_bad", "numerics: state keeping")
-        self.patch(NumericsMonitor, "_flags", "numerics: flags")
-        for method in ("_before_forward", "_after_forward", "take", "record_call", "close_micro_batch"):
+        self.patch(NumericsMonitor, "_watched_values", "numerics: flags")
+        for method in ("_before_forward", "_after_forward", "take", "record_call", "close_micro_batch",
+                       "_leave_window"):
             self.patch(Tape, method, "numerics: tape")
         self.patch(StreamWriter, "write", "writer")
         self.patch(SystemSampler, "sample", "sampler")
@@ -293,11 +303,12 @@ def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
     wall time per step."""
     timer = HookTimer()
     with timer.installed(), bench.open_run({}) as prof:
-        train_steps(prof, bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, bench.args.phases)
+        train_steps(prof, bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, bench.args.phases,
+                    bench.args.loss == "outside")
         timer.seconds.clear()
         start = time.perf_counter()
         train_steps(prof, bench.model, bench.optimizer, bench.tokens, steps, bench.dtype, bench.device,
-                    bench.args.phases)
+                    bench.args.phases, bench.args.loss == "outside")
         _synchronize(bench.device)
         wall_s = time.perf_counter() - start
     return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, wall_s / steps
@@ -308,7 +319,8 @@ def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
 
 def describe(args, bench: Bench) -> str:
     return (f"{args.model} GPT-2 on {bench.device.type} ({args.dtype}, {args.batch}x{args.seq} tokens/step, "
-            f"{torch.get_num_threads()} torch threads, {'phases marked' if args.phases else 'plain loop'})")
+            f"{torch.get_num_threads()} torch threads, {'phases marked' if args.phases else 'plain loop'}, "
+            f"loss {'outside the model' if args.loss == 'outside' else 'from labels='})")
 
 
 def print_headline(args, bench: Bench, pairs: Pairs) -> None:
@@ -367,6 +379,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per block")
     parser.add_argument("--pairs", type=int, default=15, help="bare/captured block pairs")
     parser.add_argument("--phases", action="store_true", help="mark data/forward/backward/optimizer with prof.phase")
+    parser.add_argument("--loss", choices=("labels", "outside"), default="labels",
+                        help="the model computes the loss from labels=, or the loop does from the logits")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--components", nargs="*", choices=("timer", "switch"), default=(),
                         help="add the per-part table(s) in us per step")

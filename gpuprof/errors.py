@@ -22,5 +22,9 @@ class TraceFormatError(GpuprofError):
     """A file that is not a readable torch.profiler Chrome trace."""
 
 
+class SnapshotFormatError(GpuprofError):
+    """A file that is not a readable CUDA memory snapshot."""
+
+
 class DataError(GpuprofError):
     """Training data that cannot be used: missing, empty, or out of vocabulary."""

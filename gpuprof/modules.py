@@ -1,6 +1,9 @@
-"""Seeing through the wrappers a training loop puts around its model (a neutral home: capture and numerics both need it)."""
+"""Seeing through what a training loop wraps its model in (compile, DDP, FSDP2 shards): a neutral
+home for what capture and numerics both need."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -12,3 +15,31 @@ def eager_model(model: torch.nn.Module) -> torch.nn.Module:
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
+
+
+def initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@functools.cache
+def _dtensor_class() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor  # imported once: this runs for every gradient, every step
+
+    return DTensor
+
+
+def is_dtensor(tensor) -> bool:
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def local_tensor(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's part of a DTensor (an FSDP2 shard, possibly empty); any other tensor as it is."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
+
+
+def is_sharded(model: torch.nn.Module | None) -> bool:
+    """Whether the model's parameters are DTensors (FSDP2, tensor parallelism) on an initialized group."""
+    return model is not None and initialized() and any(is_dtensor(p) for p in model.parameters())

@@ -1,8 +1,12 @@
 """Notices the end of every backward pass through the model's parameters.
 
-A post-accumulate-grad hook on each parameter queues one autograd-engine callback per
+A post-accumulate-grad hook on a parameter queues one autograd-engine callback per
 backward pass; the callback runs when the pass is complete, i.e. when every gradient of
-this micro-batch has been accumulated, before the user clips or steps. Under
+this micro-batch has been accumulated, before the user clips or steps. Any parameter the
+pass reaches will do, so after the first pass only the last two that fired keep a hook: those
+nearest the input (the embeddings), which any pass through the model reaches (a Python call
+per parameter per pass costs ~1 us each). `widen()` hooks them all again when a pass went
+unseen; that pass has no gradient norms. Under
 torch.distributed the callback re-queues itself once so that it runs after DDP's own
 end-of-backward callback, which finishes the gradient all-reduce.
 """
@@ -14,30 +18,42 @@ from typing import Callable
 
 import torch
 
+from gpuprof.modules import initialized
+
 logger = logging.getLogger("gpuprof")
+
+
+KEPT_HOOKS = 2
 
 
 class BackwardWatcher:
     def __init__(self, model: torch.nn.Module, on_backward_end: Callable[[], None]):
         self._model = model
         self._on_backward_end = on_backward_end
-        self._handles: list = []
+        self._handles: dict[torch.Tensor, object] = {}
+        self._fired: list[torch.Tensor] | None = None  # while narrowing: the parameters seen this pass
         self._queued = False
         # a model wrapped in DDP elsewhere (e.g. by the HF Trainer) still needs to wait for the all-reduce
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self._is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) or distributed
+        self._is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) or initialized()
 
     def attach(self) -> None:
+        self.widen()
+
+    def widen(self) -> None:
+        """A hook on every trainable parameter, narrowed again after the next pass."""
         for param in self._model.parameters():
-            if param.requires_grad:
-                self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
+            if param.requires_grad and param not in self._handles:
+                self._handles[param] = param.register_post_accumulate_grad_hook(self._on_grad)
+        self._fired = []
 
     def detach(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles.values():
             handle.remove()
         self._handles.clear()
 
-    def _on_grad(self, _param: torch.Tensor) -> None:
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if self._fired is not None:
+            self._fired.append(param)
         if self._queued:
             return
         try:
@@ -52,4 +68,11 @@ class BackwardWatcher:
 
     def _finish(self) -> None:
         self._queued = False
+        if self._fired:
+            self._narrow(self._fired[-KEPT_HOOKS:])
         self._on_backward_end()
+
+    def _narrow(self, kept: list[torch.Tensor]) -> None:
+        for param in [param for param in self._handles if not any(param is k for k in kept)]:
+            self._handles.pop(param).remove()
+        self._fired = None

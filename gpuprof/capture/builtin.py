@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuprof.capture.distributed import DdpCollector, FsdpCollector, is_sharded
+from gpuprof.capture.distributed import DdpCollector, FsdpCollector
 from gpuprof.capture.gradients import GradientCollector
 from gpuprof.capture.loopfacts import LoopFacts
 from gpuprof.capture.memory import MemoryCollector
@@ -14,6 +14,7 @@ from gpuprof.capture.phases import has_step_hooks
 from gpuprof.capture.scaler import ScalerCollector
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector
+from gpuprof.modules import is_sharded
 
 
 def builtin_collectors(prof) -> list:

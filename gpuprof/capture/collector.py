@@ -23,7 +23,7 @@ event, and that collector is switched off; training goes on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,11 +36,7 @@ class StepState:
     step: int
     loss: torch.Tensor | float | None = None
     tokens: torch.Tensor | int | None = None
-    loss_finite: torch.Tensor | None = None
     grad_norm: torch.Tensor | None = None
-    grad_finite: torch.Tensor | None = None
-    param_grad_norms: torch.Tensor | None = None
-    param_names: list[str] = field(default_factory=list)
     batch: Any = None  # what prof.step(batch=...) was given
 
 

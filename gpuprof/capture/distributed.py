@@ -11,9 +11,9 @@ they measure over the ranks, on the device.
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from gpuprof.modules import initialized, local_tensor
 
 _DDP_TIMES_NS = {
     "avg_forward_compute_time": "ddp_forward_time_s",
@@ -24,37 +24,9 @@ _DDP_TIMES_NS = {
 
 
 def distributed_facts() -> dict:
-    if not _initialized():
+    if not initialized():
         return {}
     return {"backend": str(torch.distributed.get_backend()), "world_size": torch.distributed.get_world_size()}
-
-
-def _initialized() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-@functools.cache
-def _dtensor_class() -> type | None:
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.tensor import DTensor  # imported once: this runs for every gradient, every step
-
-    return DTensor
-
-
-def _is_dtensor(tensor) -> bool:
-    dtensor = _dtensor_class()
-    return dtensor is not None and isinstance(tensor, dtensor)
-
-
-def local_tensor(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """This rank's part of a DTensor (an FSDP2 shard, possibly empty); any other tensor as it is."""
-    return tensor.to_local() if _is_dtensor(tensor) else tensor
-
-
-def is_sharded(model: torch.nn.Module | None) -> bool:
-    """Whether the model's parameters are DTensors (FSDP2, tensor parallelism) on an initialized group."""
-    return model is not None and _initialized() and any(_is_dtensor(p) for p in model.parameters())
 
 
 class ShardReduction:

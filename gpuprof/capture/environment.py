@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 import gpuprof
+from gpuprof.modules import initialized
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class RankInfo:
 
 def rank_info() -> RankInfo:
     """From an initialized torch.distributed group, else torchrun's environment, else a single process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     else:
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

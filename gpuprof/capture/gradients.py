@@ -17,26 +17,16 @@ copy of the weights taken just before `optimizer.step()` and dropped right after
 
 from __future__ import annotations
 
-import math
-import re
 from collections import defaultdict
 
 import torch
 
-from gpuprof.capture.distributed import ShardReduction, is_sharded, local_tensor
+from gpuprof.capture.distributed import ShardReduction
+from gpuprof.capture.lazy import all_finite
+from gpuprof.blocks import block_groups, combined_norm
+from gpuprof.modules import is_sharded, local_tensor
 
 _MAX_ORIGINS = 16  # bad steps whose origin is kept for the numerics report (the first ones)
-_BLOCK = re.compile(r"^(.*?\.\d+)\.")  # "transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"
-
-
-def block_groups(names: list[str]) -> dict[str, list[int]]:
-    """Parameter indices per numbered block (e.g. transformer.h.3); parameters outside blocks are left out."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for index, name in enumerate(names):
-        match = _BLOCK.match(name)
-        if match:
-            groups[match.group(1)].append(index)
-    return dict(groups)
 
 
 def tensor_norms(tensors: list[torch.Tensor | None], same_kind: bool = False) -> torch.Tensor:
@@ -62,10 +52,6 @@ def tensor_norms(tensors: list[torch.Tensor | None], same_kind: bool = False) ->
         for index, norm in zip(indices, group_norms.unbind()):
             parts[index] = norm
     return torch.stack(parts)
-
-
-def _combine(norms: list[float], indices: list[int]) -> float:
-    return math.sqrt(sum(norms[i] ** 2 for i in indices))
 
 
 class GradientCollector:
@@ -127,9 +113,8 @@ class GradientCollector:
             fields["_grad_nonfinite_origin"] = self._reduce_over_ranks(prof.device)
         if self._grad_norms is not None:
             total = torch.linalg.vector_norm(self._grad_norms)
-            state.grad_norm, state.grad_finite = total, torch.isfinite(total)
-            state.param_grad_norms, state.param_names = self._grad_norms, self.names
-            fields.update(grad_norm=total, grad_norm_finite=state.grad_finite)
+            state.grad_norm = total
+            fields["grad_norm"] = total
             if self._layer_interval and state.step % self._layer_interval == 0:
                 fields["_param_grad_norms"] = self._grad_norms
         if self._update_norms is not None:
@@ -137,6 +122,8 @@ class GradientCollector:
         return fields
 
     def on_step_record(self, prof, record: dict) -> None:
+        if "grad_norm" in record:
+            record["grad_norm_finite"] = all_finite(record["grad_norm"])
         self._note_nonfinite_origin(record)
         grad_norms = record.get("_param_grad_norms")
         delta, weight = record.get("_param_delta_norms"), record.get("_param_weight_norms")
@@ -146,7 +133,7 @@ class GradientCollector:
         for layer, level, indices in self._layers():
             rows.append({
                 "step": record["step"], "rank": record["rank"], "layer": layer, "level": level,
-                "grad_norm": _combine(grad_norms, indices) if grad_norms is not None else None,
+                "grad_norm": combined_norm(grad_norms, indices) if grad_norms is not None else None,
                 "update_ratio": _ratio(delta, weight, indices) if delta is not None else None,
             })
         prof.writer.write("layers", rows)
@@ -204,5 +191,5 @@ class GradientCollector:
 
 
 def _ratio(delta: list[float], weight: list[float], indices: list[int]) -> float | None:
-    weight_norm = _combine(weight, indices)
-    return _combine(delta, indices) / weight_norm if weight_norm > 0 else None
+    weight_norm = combined_norm(weight, indices)
+    return combined_norm(delta, indices) / weight_norm if weight_norm > 0 else None

@@ -9,6 +9,7 @@ and calls the callables (e.g. CUDA-event timings). CPU tensors are read at once 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import torch
@@ -20,6 +21,13 @@ def _to_python(values: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> A
     elif not dtype.is_floating_point:
         values = values.round().long()
     return values.item() if len(shape) == 0 else values.tolist()
+
+
+def all_finite(value: float | list | None) -> bool | None:
+    """Whether a resolved value (a number or a list of them) is finite; None when there is none."""
+    if value is None:
+        return None
+    return all(map(math.isfinite, value)) if isinstance(value, list) else math.isfinite(value)
 
 
 class PendingRecord:

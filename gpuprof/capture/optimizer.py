@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from gpuprof.run.schema import EventKind
+
 
 def _lr(optimizer) -> float | torch.Tensor | None:
     groups = optimizer.param_groups
@@ -55,7 +57,7 @@ class OptimizerCollector:
     def on_step_record(self, prof, record: dict) -> None:
         if record.get("step_skipped") and record.get("_lr_scheduler_stepped"):
             prof.event(
-                "lr_step_on_skipped_step",
+                EventKind.LR_STEP_ON_SKIPPED,
                 f"LR scheduler stepped on step {record['step']}, where optimizer.step() was skipped",
                 severity="warning", step=record["step"], lr=record.get("lr"),
             )

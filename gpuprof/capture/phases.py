@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from gpuprof.capture.timing import PhaseTimes
-
-EVENT_KIND = "phase_unavailable"
+from gpuprof.run.schema import EventKind
 
 
 def is_training_call(module: torch.nn.Module) -> bool:
@@ -108,7 +107,7 @@ class PhaseHooks:
     def _report(prof, unavailable: list[tuple[tuple[str, ...], str]]) -> None:
         """One event for everything gpuprof cannot hook; capture goes on without those phases."""
         reasons = "; ".join(f"{', '.join(phases)}: {why}" for phases, why in unavailable)
-        prof.event(EVENT_KIND, f"automatic phases unavailable ({reasons}); prof.phase() can time them",
+        prof.event(EventKind.PHASE_UNAVAILABLE, f"automatic phases unavailable ({reasons}); prof.phase() can time them",
                    severity="warning", phases=[name for phases, _ in unavailable for name in phases],
                    reasons=[why for _, why in unavailable])
 
@@ -136,6 +135,11 @@ class PhaseHooks:
         """The step's automatic spans; the Profiler calls this at `prof.step()`."""
         self._close_forward()
         return self._times
+
+    @property
+    def backward_unfinished(self) -> bool:
+        """A backward pass through the model's outputs began and its end was not seen."""
+        return self._backward_start is not None
 
     # ------------------------------------------------------------------ torch hooks
     def _forward_begins(self, module, args) -> None:

@@ -24,10 +24,10 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from gpuprof.capture import environment
+from gpuprof.capture import environment, oom
 from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.collector import CollectorSet, StepState
-from gpuprof.capture.lazy import PendingRecord
+from gpuprof.capture.lazy import PendingRecord, all_finite
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.phases import PhaseHooks, inner_optimizer
 from gpuprof.capture.timing import PhaseTimes, clock_for
@@ -217,6 +217,11 @@ class Profiler:
         }
         self.writer.write("events", [record])
 
+    def memory_snapshot(self) -> "os.PathLike | None":
+        """Writes a CUDA memory snapshot of this moment to `snapshots/` (shown on the dashboard's Memory
+        page) and returns its path; without CUDA it records nothing and says so once. Never raises."""
+        return oom.memory_snapshot(self)
+
     def add_collector(self, collector: Any) -> None:
         """Plugs in a collector; one added after start() gets on_start immediately."""
         self._extra_collectors.append(collector)
@@ -251,13 +256,12 @@ class Profiler:
         own_work_started = time.perf_counter()
         own_work_s: list[float] = []
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
+        if self._backward is not None and self.phase_hooks.backward_unfinished:
+            self._backward.widen()  # the parameters it kept watching were not reached this step
         state = StepState(step=self.step_index, loss=_detached(loss), tokens=tokens, batch=batch)
-        if isinstance(state.loss, torch.Tensor):
-            finite = torch.isfinite(state.loss)
-            state.loss_finite = finite.all() if finite.dim() else finite  # one op less for the usual scalar loss
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
-            "loss": state.loss, "tokens": tokens, "loss_finite": state.loss_finite,
+            "loss": state.loss, "tokens": tokens,
             "micro_batches": _micro_batches(self._step_phases) or _micro_batches(automatic),
             "_timing": _timing(self.clock, self._step_start, end, self._step_phases, automatic),
             "capture_time_s": lambda: own_work_s[0],
@@ -295,6 +299,7 @@ class Profiler:
         record["tokens_per_s"] = tokens / step_time_s if usable else None
         record["flops_per_s"] = record["tokens_per_s"] * flops_per_token if usable and flops_per_token else None
         record["mfu"] = record["flops_per_s"] / peak if record["flops_per_s"] and peak else None
+        record["loss_finite"] = all_finite(record["loss"])  # on the host: no device op per step
 
     def _write_meta(self, **changes: Any) -> None:
         meta = self._meta(**changes)
@@ -336,14 +341,14 @@ class Profiler:
             self._broken = True
             logger.warning("gpuprof: internal error, capture switched off for this run: %r", error, exc_info=True)
             with contextlib.suppress(Exception):
-                self.event("profiler_disabled", f"capture switched off: {error!r}", severity="warning",
+                self.event(schema.EventKind.PROFILER_DISABLED, f"capture switched off: {error!r}", severity="warning",
                            step=self.step_index, error=repr(error))
 
     def _collector_failed(self, collector: Any, hook: str, error: BaseException) -> None:
         name = getattr(collector, "name", type(collector).__name__)
         logger.warning("gpuprof: collector %r failed in %s and is switched off: %r", name, hook, error)
         with contextlib.suppress(Exception):
-            self.event("collector_disabled", f"collector {name} switched off after {hook} raised {error!r}",
+            self.event(schema.EventKind.COLLECTOR_DISABLED, f"collector {name} switched off after {hook} raised {error!r}",
                        severity="warning", step=self.step_index, collector=name, hook=hook, error=repr(error))
 
 

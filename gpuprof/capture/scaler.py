@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from gpuprof.run.schema import EventKind
+
 
 class ScalerCollector:
     name = "grad_scaler"
@@ -62,6 +64,6 @@ class ScalerCollector:
 
     def on_step_record(self, prof, record: dict) -> None:
         if record.get("step_skipped"):
-            prof.event("step_skipped", f"GradScaler skipped optimizer.step() at step {record['step']} "
+            prof.event(EventKind.STEP_SKIPPED, f"GradScaler skipped optimizer.step() at step {record['step']} "
                        f"(inf/NaN gradients); scale now {record.get('scaler_scale')}",
                        step=record["step"], scale=record.get("scaler_scale"))

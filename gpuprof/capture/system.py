@@ -16,6 +16,7 @@ import psutil
 import torch
 
 from gpuprof.capture.memory import RssReader
+from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
 
@@ -147,7 +148,7 @@ class SystemSampler:
         reason = self._open_nvml(prof.device)
         if reason:
             _say_device_metrics_off(reason)
-            prof.event("device_metrics_off", f"device metrics off: {reason}", reason=reason)
+            prof.event(EventKind.DEVICE_METRICS_OFF, f"device metrics off: {reason}", reason=reason)
         psutil.cpu_percent(interval=None)  # the first reading only starts psutil's measurement window
         self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
         self._thread.start()
@@ -181,7 +182,7 @@ class SystemSampler:
                 self._prof.writer.write("system", [self.sample()])
             except Exception as error:  # noqa: BLE001 - the sampler must never take the process down
                 logger.warning("gpuprof: system sampler stopped: %r", error)
-                self._prof.event("collector_disabled", f"system sampler stopped: {error!r}", severity="warning",
+                self._prof.event(EventKind.COLLECTOR_DISABLED, f"system sampler stopped: {error!r}", severity="warning",
                                  collector=self.name, hook="sample", error=repr(error))
                 return
 
@@ -202,7 +203,7 @@ class SystemSampler:
         except Exception as error:  # noqa: BLE001 - NVML failing mid-run: device sampling off, host goes on
             self._nvml = None
             logger.warning("gpuprof: NVML failed mid-run (%r); device metrics off", error)
-            self._prof.event("device_metrics_off", f"NVML failed mid-run: {error!r}", severity="warning",
+            self._prof.event(EventKind.DEVICE_METRICS_OFF, f"NVML failed mid-run: {error!r}", severity="warning",
                              reason=repr(error))
             return {}
         self.device_mem_used_bytes = reading["mem_used_bytes"]

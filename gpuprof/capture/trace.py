@@ -16,7 +16,8 @@ import json
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, record_function
 
-from gpuprof.run.schema import OWN_WORK_RANGE
+from gpuprof.modules import initialized
+from gpuprof.run.schema import OWN_WORK_RANGE, EventKind
 
 
 def windows(steps: list[int]) -> list[tuple[int, int]]:
@@ -80,7 +81,7 @@ class TraceCollector:
         )
         profiler.step_num = window[0]  # ProfilerStep#N carries the optimizer step number
         profiler.start()
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        if not initialized():
             info = {"backend": None, "rank": prof.ranks.rank, "world_size": prof.ranks.world_size}
             profiler.add_metadata_json("distributedInfo", json.dumps(info))
         self._profiler, self._window = profiler, window
@@ -94,5 +95,5 @@ class TraceCollector:
         profiler.stop()
         path = prof.writer.trace_path(start, stop - 1)
         profiler.export_chrome_trace(str(path))
-        prof.event("trace_written", f"torch.profiler trace of steps {start}-{stop - 1}",
+        prof.event(EventKind.TRACE_WRITTEN, f"torch.profiler trace of steps {start}-{stop - 1}",
                    step=start, path=prof.writer.relative(path), first_step=start, last_step=stop - 1)

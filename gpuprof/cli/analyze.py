@@ -1,4 +1,4 @@
-"""`gpuprof analyze RUN [--json]`: the run's summary and its ranked diagnoses."""
+"""`gpuprof analyze RUN [--json]`: the run's verdict, its summary and its ranked diagnoses."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "analyze",
         help="summarize a run and diagnose what slows it down or breaks its numerics",
-        description="Summarize a run directory (step time after warm-up, throughput, MFU, memory, "
-        "phases, health) and list its diagnoses, most severe first, each with evidence and a fix.",
+        description="Say what bounds a run's step (input, host/launch, compute, communication, memory or "
+        "numerics) and why, summarize it (step time after warm-up, throughput, MFU, memory, phases, "
+        "health) and list its diagnoses, most severe first, each with evidence and a fix.",
     )
     parser.add_argument("run_dir", metavar="RUN", help="a run directory written by gpuprof")
     add_json_flag(parser)
@@ -21,19 +22,16 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuprof.cli import run_report
-    from gpuprof.diagnoses.context import RunContext
-    from gpuprof.diagnoses.registry import diagnose_context
-    from gpuprof.run.reader import load_run
+    from gpuprof.report import build_report
 
-    ctx = RunContext.of(load_run(args.run_dir))
-    findings = diagnose_context(ctx)
+    report = build_report(args.run_dir)
+    run_report.print_notes(report)
     if args.json:
-        run_report.print_json(
-            "analyze",
-            {"summary": ctx.summary.to_dict(), "findings": [finding.to_dict() for finding in findings]},
-        )
+        run_report.print_json("analyze", report.to_dict())
         return 0
-    lines = run_report.summary_lines(ctx.summary) + run_report.per_rank_lines(ctx.summary)
+    summary, findings = report.summary, report.findings
+    lines = [*run_report.verdict_lines(report.verdict), *run_report.summary_lines(summary),
+             *run_report.per_rank_lines(summary)]
     lines.append(f"Findings ({len(findings)}), most severe first:" if findings else "No findings.")
     print("\n".join(lines + run_report.finding_lines(findings)))
     return 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from gpuprof.cli.run_report import add_json_flag, fmt
+from gpuprof.cli.run_report import add_json_flag
+from gpuprof.report.format import MISSING, figure, fmt_ratio
 
 
 def add_parser(subparsers) -> None:
@@ -25,23 +26,26 @@ def metric_lines(comparison) -> list[str]:
     lines = [f"  {'metric':26} {'A':>14} {'B':>14} {'B/A':>8}  better"]
     for row in comparison.metrics.to_dict(orient="records"):
         unit = next((unit for suffix, unit in unit_of.items() if row["metric"].endswith(suffix)), "")
-        ratio = "n/a" if row["ratio_b_over_a"] is None else f"{row['ratio_b_over_a']:.2f}x"
         lines.append(
-            f"  {row['metric']:26} {fmt(row['a'], unit):>14} {fmt(row['b'], unit):>14} {ratio:>8}  {row['better'] or 'n/a'}"
+            f"  {row['metric']:26} {figure(row['a'], unit):>14} {figure(row['b'], unit):>14}"
+            f" {fmt_ratio(row['ratio_b_over_a']):>8}  {row['better'] or MISSING}"
         )
     return lines
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuprof.analysis.run.compare import compare
     from gpuprof.cli import run_report
-    from gpuprof.run.reader import load_run
+    from gpuprof.report import build_report, compare
 
-    comparison = compare(load_run(args.run_a), load_run(args.run_b))
+    comparison = compare(build_report(args.run_a), build_report(args.run_b))
+    for report in (comparison.a, comparison.b):
+        run_report.print_notes(report)
     if args.json:
         run_report.print_json("compare", comparison.to_dict())
         return 0
-    lines = [f"A: {comparison.a.name} ({comparison.a.path})", f"B: {comparison.b.name} ({comparison.b.path})"]
+    lines = []
+    for label, report in (("A", comparison.a), ("B", comparison.b)):
+        lines += [f"{label}: {report.summary.name} ({report.summary.path})", f"   {report.verdict.headline}"]
     lines += metric_lines(comparison)
     lines.append(f"Findings that appeared in B ({len(comparison.appeared)}):")
     lines += run_report.finding_lines(comparison.appeared, marker="+")

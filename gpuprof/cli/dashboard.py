@@ -23,8 +23,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "dashboard",
         help="open the dashboard on a folder of runs",
-        description="Serve the gpuprof dashboard on localhost. Default folder: ./runs if present, "
-        "else the repository's sample_runs/.",
+        description="Serve the gpuprof dashboard on localhost. Default folder: ./runs.",
     )
     parser.add_argument("runs_dir", nargs="?", type=Path, help="folder holding run directories")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")

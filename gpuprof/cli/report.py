@@ -1,4 +1,5 @@
-"""`gpuprof report RUN -o report.html`: the Run page as one static HTML file, for sharing without a server."""
+"""`gpuprof report RUN -o report.html`: the run's report (verdict first) and its charts as one static
+HTML file, for sharing without a server."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import html
 from pathlib import Path
 
 from gpuprof.errors import GpuprofError
+from gpuprof.report.format import MISSING, device_label, gain_text, headline_figures, value_text
 
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 STYLE = """
@@ -15,6 +17,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; 
 .finding table { border-collapse: collapse; font-size: 90%; }
 .finding td { padding: 0.1em 0.8em 0.1em 0; }
 .note { color: #666; font-style: italic; }
+.verdict { border: 2px solid #1565c0; padding: 0.3em 1em; margin: 1em 0; }
 table.figures td { padding: 0.2em 1.2em 0.2em 0; }
 """
 
@@ -31,50 +34,47 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _verdict_html(verdict) -> str:
+    return (f'<div class="verdict"><h2>{html.escape(verdict.headline)}</h2><p>{html.escape(verdict.why)}</p>'
+            f"<p><b>Next:</b> {html.escape(verdict.next_step)}</p></div>")
+
+
 def _finding_html(finding) -> str:
     rows = "".join(
-        f"<tr><td>{html.escape(str(key))}</td><td>{html.escape(str(value))}</td></tr>"
+        f"<tr><td>{html.escape(str(key))}</td><td>{html.escape(value_text(value))}</td></tr>"
         for key, value in finding.to_dict()["evidence"].items()
     )
-    gain = f" · est. gain {finding.est_gain_pct:.0f} % of step time" if finding.est_gain_pct is not None else ""
+    gain = gain_text(finding.est_gain_pct)
     return (
         f'<div class="finding" style="border-color:{SEVERITY_COLORS.get(finding.severity, "#999")}">'
         f"<h3>{html.escape(finding.title)}</h3>"
-        f"<p>{finding.severity} · rule <code>{html.escape(finding.rule)}</code>{gain}</p>"
+        f"<p>{finding.severity} · {finding.category} · rule <code>{html.escape(finding.rule)}</code>"
+        f"{' · ' + gain if gain else ''}</p>"
         f"<p><b>Fix:</b> {html.escape(finding.fix)}</p><table>{rows}</table></div>"
     )
 
 
 def _summary_html(summary) -> str:
-    figures = {
-        "steps": summary.n_steps, "step time p50 s": summary.step_time_p50_s, "tokens/s": summary.tokens_per_s,
-        "MFU": summary.mfu, "peak memory allocated bytes": summary.peak_mem_allocated_bytes,
-        "peak process RSS bytes": summary.peak_rss_bytes,
-        "GPU utilization %": summary.gpu_util_mean_pct, "warm-up": summary.warmup.reason,
-    }
-    rows = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{html.escape(f'{value:,.4g}' if isinstance(value, float) else str(value))}</td></tr>"
-        for name, value in figures.items() if value is not None
-    )
+    figures = {"Steps": str(summary.n_steps), **headline_figures(summary), "Warm-up": summary.warmup.reason}
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(value)}</td></tr>"
+                   for name, value in figures.items() if value != MISSING)
     return f'<table class="figures">{rows}</table>'
 
 
-def render_html(run, rank: int) -> str:
+def render_html(report, rank: int) -> str:
+    """The Run page of `report` as one HTML document: verdict, figures, diagnoses, then the charts of `rank`."""
     from gpuprof.dashboard.charts import run_panels
-    from gpuprof.dashboard.format import device_label
-    from gpuprof.diagnoses.context import RunContext
-    from gpuprof.diagnoses.registry import diagnose_context
 
-    context = RunContext.of(run)
-    findings = diagnose_context(context)
     parts = [
-        f"<h1>gpuprof report: {html.escape(run.name)}</h1>",
-        f"<p>{html.escape(str(run.meta.get('status')))} · {html.escape(device_label(run.meta))} · rank {rank}</p>",
-        _summary_html(context.summary), "<h2>Diagnoses</h2>",
-        *(map(_finding_html, findings) if findings else ["<p>No problems found by the diagnosis rules.</p>"]),
+        f"<h1>gpuprof report: {html.escape(report.name)}</h1>",
+        f"<p>{html.escape(str(report.meta.get('status')))} · {html.escape(device_label(report.meta))}"
+        f" · rank {rank}</p>",
+        _verdict_html(report.verdict), _summary_html(report.summary), "<h2>Diagnoses</h2>",
+        *(map(_finding_html, report.findings) if report.findings
+          else ["<p>No problems found by the diagnosis rules.</p>"]),
     ]
     include_js = True
-    for panel in run_panels(run, rank):
+    for panel in run_panels(report.run, rank):
         parts.append(f"<h2>{html.escape(panel.title)}</h2>")
         if panel.figure is None:
             parts.append(f'<p class="note">{html.escape(panel.note)}</p>')
@@ -84,18 +84,18 @@ def render_html(run, rank: int) -> str:
         if panel.note:
             parts.append(f'<p class="note">{html.escape(panel.note)}</p>')
     body = "\n".join(parts)
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>gpuprof: {html.escape(run.name)}</title>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>gpuprof: {html.escape(report.name)}</title>"
             f"<style>{STYLE}</style></head><body>{body}</body></html>")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuprof.run.reader import load_run
+    from gpuprof.report import build_report
 
-    run_data = load_run(args.run_dir)
-    if args.rank not in (run_data.ranks or [0]):
-        raise GpuprofError(f"--rank {args.rank}: this run has ranks {run_data.ranks}")
+    report = build_report(args.run_dir)
+    if args.rank not in (report.run.ranks or [0]):
+        raise GpuprofError(f"--rank {args.rank}: this run has ranks {report.run.ranks}")
     try:
-        args.output.write_text(render_html(run_data, args.rank), encoding="utf-8")
+        args.output.write_text(render_html(report, args.rank), encoding="utf-8")
     except OSError as error:
         raise GpuprofError(f"cannot write {args.output}: {error.strerror}") from None
     print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.1f} MB)")

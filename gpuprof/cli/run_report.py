@@ -1,61 +1,54 @@
-"""Plain-text rendering of run summaries, findings and comparisons for `analyze` and `compare`.
+"""Plain-text rendering of reports and comparisons for `analyze` and `compare`.
 
-Only formatting lives here: every figure comes from gpuprof.analysis.run and gpuprof.diagnoses.
+Only rendering lives here: every figure comes from the run's report (gpuprof.report).
 """
 
 from __future__ import annotations
 
 import json
-import math
+import sys
+
+from gpuprof.report.format import figure, gain_text, value_text
 
 JSON_SCHEMA_VERSION = 1
 # Past this many ranks the text report lists the slowest ones only (--json has every rank).
 PER_RANK_LINES_MAX = 16
 
 
-def fmt(value, unit: str = "") -> str:
-    """A figure for people: 3 significant digits, binary units for bytes, ms below a second, 'n/a' when unknown."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if unit == "s" and abs(value) < 1:
-        return f"{1000 * value:.3g} ms"
-    if unit == "bytes":
-        for prefix in ("B", "KiB", "MiB", "GiB", "TiB"):
-            if abs(value) < 1024 or prefix == "TiB":
-                return f"{value:.3g} {prefix}"
-            value /= 1024
-    if unit == "%":
-        return f"{value:.1f}%"
-    if isinstance(value, float):
-        text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-        return f"{text} {unit}".rstrip()
-    return f"{value} {unit}".rstrip()
+def verdict_lines(verdict) -> list[str]:
+    return [f"Verdict: {verdict.headline}", f"  why         {verdict.why}", f"  next        {verdict.next_step}"]
+
+
+def print_notes(report) -> None:
+    """What the reader had to skip in the run's files, on stderr (stdout stays the report)."""
+    for note in report.notes:
+        print(note, file=sys.stderr)
 
 
 def summary_lines(summary) -> list[str]:
     from gpuprof.analysis.run.summary import PHASES  # lazily: the CLI parser imports this module
 
     health = summary.health
-    phases = "  ".join(f"{phase} {fmt(summary.phase_split_pct.get(phase), '%')}" for phase in PHASES)
+    phases = "  ".join(f"{phase} {figure(summary.phase_split_pct.get(phase), '%')}" for phase in PHASES)
     gpu_note = "" if summary.device_kind == "cuda" else " (CPU run)"
     return [
         f"Run {summary.name}  ({summary.status}, {summary.world_size} rank(s), {summary.device_name or summary.device_kind})",
         f"  path        {summary.path}",
         f"  steps       {summary.n_steps} recorded; warm-up excluded from step times: {summary.warmup.n_steps}"
         f" ({summary.warmup.reason})",
-        f"  step time   p50 {fmt(summary.step_time_p50_s, 's')}   p90 {fmt(summary.step_time_p90_s, 's')}"
-        f"   p99 {fmt(summary.step_time_p99_s, 's')}   cv {fmt(summary.step_time_cv)}",
-        f"  throughput  {fmt(summary.tokens_per_s, 'tokens/s')}   MFU {fmt(None if summary.mfu is None else 100 * summary.mfu, '%')}"
-        f"   achieved {fmt(None if summary.flops_per_s is None else summary.flops_per_s / 1e9, 'GFLOP/s')}",
-        f"  memory      peak allocated {fmt(summary.peak_mem_allocated_bytes, 'bytes')}"
-        f"   device total {fmt(summary.device_mem_total_bytes, 'bytes')}"
-        f"   peak process RSS {fmt(summary.peak_rss_bytes, 'bytes')}"
-        f"   GPU utilization {fmt(summary.gpu_util_mean_pct, '%')}{gpu_note}",
+        f"  step time   p50 {figure(summary.step_time_p50_s, 's')}   p90 {figure(summary.step_time_p90_s, 's')}"
+        f"   p99 {figure(summary.step_time_p99_s, 's')}   cv {figure(summary.step_time_cv)}",
+        f"  throughput  {figure(summary.tokens_per_s, 'tokens/s')}   MFU {figure(None if summary.mfu is None else 100 * summary.mfu, '%')}"
+        f"   achieved {figure(None if summary.flops_per_s is None else summary.flops_per_s / 1e9, 'GFLOP/s')}",
+        f"  memory      peak allocated {figure(summary.peak_mem_allocated_bytes, 'bytes')}"
+        f"   device total {figure(summary.device_mem_total_bytes, 'bytes')}"
+        f"   peak process RSS {figure(summary.peak_rss_bytes, 'bytes')}"
+        f"   GPU utilization {figure(summary.gpu_util_mean_pct, '%')}{gpu_note}",
         f"  phases      {phases}",
-        f"  health      loss {fmt(health['loss_first'])} -> {fmt(health['loss_last'])}"
+        f"  health      loss {figure(health['loss_first'])} -> {figure(health['loss_last'])}"
         f"   non-finite loss/grad steps {health['nonfinite_loss_steps']}/{health['nonfinite_grad_steps']}"
-        f"   skipped steps {health['skipped_steps']}   grad norm p50 {fmt(health['grad_norm_p50'])}"
-        f" max {fmt(health['grad_norm_max'])}",
+        f"   skipped steps {health['skipped_steps']}   grad norm p50 {figure(health['grad_norm_p50'])}"
+        f" max {figure(health['grad_norm_max'])}",
     ] + _missing_lines(summary.missing_ranks)
 
 
@@ -78,8 +71,8 @@ def per_rank_lines(summary) -> list[str]:
     lines = ["  per rank    rank  step p50   data p50   forward p50  backward p50  tokens/s"]
     for row in table.to_dict(orient="records"):
         lines.append(
-            f"              {row['rank']:>4}  {fmt(row['step_time_p50_s'], 's'):>9}  {fmt(row['data_time_p50_s'], 's'):>9}"
-            f"  {fmt(row['forward_time_p50_s'], 's'):>11}  {fmt(row['backward_time_p50_s'], 's'):>12}  {fmt(row['tokens_per_s']):>8}"
+            f"              {row['rank']:>4}  {figure(row['step_time_p50_s'], 's'):>9}  {figure(row['data_time_p50_s'], 's'):>9}"
+            f"  {figure(row['forward_time_p50_s'], 's'):>11}  {figure(row['backward_time_p50_s'], 's'):>12}  {figure(row['tokens_per_s']):>8}"
         )
     if len(table) < len(summary.per_rank):
         lines.append(f"              ... {len(summary.per_rank) - len(table)} more ranks (the slowest are shown; --json has all)")
@@ -89,18 +82,14 @@ def per_rank_lines(summary) -> list[str]:
 def finding_lines(findings, *, marker: str = "") -> list[str]:
     lines = []
     for number, finding in enumerate(findings, start=1):
-        gain = f"   [est. gain {finding.est_gain_pct:.2g}% of step time]" if finding.est_gain_pct is not None else ""
-        evidence = ", ".join(f"{key}={evidence_text(value)}" for key, value in finding.to_dict()["evidence"].items())
+        gain = f"   [{gain_text(finding.est_gain_pct)}]" if gain_text(finding.est_gain_pct) else ""
+        evidence = ", ".join(f"{key}={value_text(value)}" for key, value in finding.to_dict()["evidence"].items())
         lines += [
             f"  {marker}{number}. {finding.severity.upper():8} {finding.rule}: {finding.title}{gain}",
             f"       evidence: {evidence}",
             f"       fix: {finding.fix}",
         ]
     return lines
-
-
-def evidence_text(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def add_json_flag(parser) -> None:

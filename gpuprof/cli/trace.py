@@ -4,30 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from gpuprof.analysis.trace.tables import TABLE_TITLES
+
 SCHEMA = "gpuprof.trace"
 SCHEMA_VERSION = 1
-# Table name in --json -> (TraceAnalysis method, terminal title). Order is the report's order.
-TABLES = {
-    "overview": ("overview", "Overview (per rank)"),
-    "temporal_breakdown": ("temporal_breakdown", "Temporal breakdown (HTA definition)"),
-    "step_breakdown": ("step_breakdown", "Step time breakdown"),
-    "kernel_type_breakdown": ("kernel_type_breakdown", "Device time by kernel type"),
-    "top_kernels": ("top_kernels", "Top kernels"),
-    "comm_comp_overlap": ("comm_comp_overlap", "Computation/communication overlap"),
-    "idle_by_stream": ("idle_by_stream", "Idle time by cause per stream"),
-    "launch_summary": ("launch_summary", "Kernel launches"),
-    "host_device_syncs": ("host_device_syncs", "Host-device synchronizations inside steps"),
-    "tensor_core_share": ("tensor_core_share", "Tensor-core share of matmul time"),
-    "rank_spread": ("rank_spread", "Step time per rank"),
-    "stragglers": ("stragglers", "Straggler candidates"),
-    "top_cpu_ops": ("top_cpu_ops", "Top CPU ops (inclusive time)"),
-}
-DEVICE_TABLES = {"temporal_breakdown", "kernel_type_breakdown", "top_kernels", "comm_comp_overlap",
-                 "idle_by_stream", "launch_summary", "tensor_core_share"}
+# The tables, in the report's order: name (in --json) -> title.
+TABLES = TABLE_TITLES
 NAME_WIDTH = 70
 PIPED_WIDTH = 140
 
@@ -89,15 +74,9 @@ def _notes(result, include_last_step: bool) -> list[str]:
     return notes
 
 
-def _json_value(value):
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def to_document(result, path, tables: dict, notes: list[str], include_last_step: bool) -> dict:
+    from gpuprof.analysis.run.jsonable import json_safe
+
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -108,10 +87,7 @@ def to_document(result, path, tables: dict, notes: list[str], include_last_step:
         "has_device_activity": result.has_device_activity,
         "include_last_step": include_last_step,
         "notes": notes,
-        "tables": {
-            key: [{column: _json_value(v) for column, v in row.items()} for row in table.to_dict("records")]
-            for key, table in tables.items()
-        },
+        "tables": {key: json_safe(table.to_dict("records")) for key, table in tables.items()},
     }
 
 
@@ -150,7 +126,9 @@ VIEWS = {
 
 
 def _cell(value, milliseconds: bool = False) -> str:
-    value = _json_value(value)
+    from gpuprof.analysis.run.jsonable import json_safe
+
+    value = json_safe(value)
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -235,7 +213,7 @@ def _print_report(path, tables: dict, notes: list[str]) -> None:
         )
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
-    for key, (_, title) in TABLES.items():
+    for key, title in TABLES.items():
         table = tables[key]
         if key == "overview" or table.empty:
             continue

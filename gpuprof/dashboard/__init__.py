@@ -1,7 +1,7 @@
 """The Streamlit dashboard: `gpuprof dashboard [RUNS_DIR]` serves `app.py` from this package.
 
-It only presents: runs come from `gpuprof.run`, figures and findings from `gpuprof.analysis`
-and `gpuprof.diagnoses`. See docs/dashboard.md. This module stays free of Streamlit so the
+It only presents: runs come from `gpuprof.run`, and everything said about a run from its report
+(`gpuprof.report`: summary, verdict, findings, trace tables, NaN blames). See docs/dashboard.md. This module stays free of Streamlit so the
 CLI can read these settings without starting Streamlit's machinery.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuprof.errors import GpuprofError
+
 APP_PATH = Path(__file__).with_name("app.py")
-REPO_SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
+DEFAULT_RUNS_DIR = Path("runs")  # where `gpuprof train` and `gpuprof run` record by default
 RUNS_DIR_ENV = "GPUPROF_RUNS_DIR"
 REFRESH_ENV = "GPUPROF_DASHBOARD_REFRESH_S"
 DEFAULT_REFRESH_S = 5.0
@@ -19,6 +21,10 @@ MAX_SELECTED_RUNS = 2  # one run for most pages, two for Compare
 
 
 def default_runs_dir() -> Path:
-    """`./runs` when it exists, else the sample runs shipped in the repository."""
-    local = Path("runs")
-    return local if local.is_dir() else REPO_SAMPLE_RUNS
+    """`./runs`; without one, a GpuprofError saying how to name a folder or record a run."""
+    if not DEFAULT_RUNS_DIR.is_dir():
+        raise GpuprofError(
+            f"no ./{DEFAULT_RUNS_DIR} folder here: name a folder of runs (gpuprof dashboard RUNS_DIR), "
+            f"or record a run first (gpuprof train and gpuprof run record into ./{DEFAULT_RUNS_DIR})"
+        )
+    return DEFAULT_RUNS_DIR

@@ -13,7 +13,7 @@ from functools import partial
 import streamlit as st
 
 from gpuprof.dashboard import MAX_SELECTED_RUNS, MIN_REFRESH_S, data
-from gpuprof.dashboard.views import compare, distributed, numerics, run, runs, trace
+from gpuprof.dashboard.views import compare, distributed, memory, numerics, run, runs, timeline, trace
 from gpuprof.errors import GpuprofError
 
 PAGES = {
@@ -21,16 +21,21 @@ PAGES = {
     "Run": run.render,
     "Numerics": numerics.render,
     "Trace": trace.render,
+    "Timeline": timeline.render,
+    "Memory": memory.render,
     "Distributed": distributed.render,
     "Compare": compare.render,
 }
 
 
 def _init_from_url(names: list[str]) -> None:
-    """On a session's first run, take the page and runs from the URL (?page=Run&run=a&run=b)."""
+    """On a session's first run, take the page and runs from the URL (?page=Run&run=a&run=b), and keep
+    the page's own parameters (?step=3) for it: the sidebar rewrites the URL before the page runs."""
     if "page" not in st.session_state:
         page = st.query_params.get("page", "Runs")
         st.session_state.page = page if page in PAGES else "Runs"
+        st.session_state.page_params = {key: st.query_params.get(key) for key in st.query_params
+                                        if key not in ("page", "run")}
     if "selected_runs" not in st.session_state:
         wanted = [name for name in st.query_params.get_all("run") if name in names]
         st.session_state.selected_runs = (wanted or names[:1])[:MAX_SELECTED_RUNS]
@@ -46,7 +51,7 @@ def _sidebar(entries: list[data.RunEntry]) -> tuple[str, list[str], float | None
         page = st.radio("Page", list(PAGES), key="page")
         selected = st.multiselect(
             "Runs", names, key="selected_runs", max_selections=MAX_SELECTED_RUNS,
-            help="One run for the Run, Numerics, Trace and Distributed pages; two for Compare.",
+            help="One run for the Run, Numerics, Trace, Timeline, Memory and Distributed pages; two for Compare.",
         )
         auto = st.toggle("Auto-refresh live runs", value=True, key="auto_refresh")
         interval_s = st.number_input("Refresh every (s)", min_value=MIN_REFRESH_S, value=data.refresh_interval_s(),

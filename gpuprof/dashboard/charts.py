@@ -16,8 +16,8 @@ from plotly.subplots import make_subplots
 
 from gpuprof.analysis.run.summary import PHASES
 from gpuprof.dashboard.downsample import MAX_POINTS, bucket_mean, lttb
+from gpuprof.report.format import GIB
 
-GIB = 2**30
 HEATMAP_MAX_STEPS = 400
 # Rows of a rank x step heatmap: past this many ranks, neighbouring ranks share a row.
 HEATMAP_MAX_RANKS = 256

@@ -5,8 +5,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.run.schema import SEVERITIES
 
-SEVERITIES = ("critical", "warning", "info")
+# What bounds a step, and so what a rule speaks to: each rule has one category (the report's
+# verdict names one of them). Title for people: "host" is the host and the launches it makes.
+CATEGORY_TITLES = {
+    "input": "input",
+    "host": "host/launch",
+    "compute": "compute",
+    "communication": "communication",
+    "memory": "memory",
+    "numerics": "numerics",
+}
+CATEGORIES = tuple(CATEGORY_TITLES)
 
 
 @dataclass(frozen=True)
@@ -15,7 +26,7 @@ class Finding:
 
     `evidence` holds the measured values that made the rule fire (units in the keys);
     `est_gain_pct` is the share of step time the fix is expected to save, or None when
-    the rule cannot estimate it.
+    the rule cannot estimate it. `category` is its rule's (set by the registry).
     """
 
     rule: str
@@ -24,10 +35,13 @@ class Finding:
     evidence: dict = field(default_factory=dict)
     fix: str = ""
     est_gain_pct: float | None = None
+    category: str | None = None
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+        if self.category is not None and self.category not in CATEGORIES:
+            raise ValueError(f"category must be one of {CATEGORIES}, got {self.category!r}")
 
     @property
     def sort_key(self) -> tuple:

@@ -1,8 +1,9 @@
 """The rule registry: `@rule` registers a check, `diagnose(run)` runs them all and ranks the findings.
 
 A rule is a function `check(ctx: RunContext) -> Finding | list[Finding] | None`, kept in
-its own module under `gpuprof/diagnoses/rules/`. A rule marked `gpu_only` needs a fact
-only a GPU run records (tensor cores, NVML samples) and is not run on CPU runs.
+its own module under `gpuprof/diagnoses/rules/`, registered with its category (what bound of
+the step it speaks to, `CATEGORIES`), which every finding it returns carries. A rule marked
+`gpu_only` needs a fact only a GPU run records (tensor cores, NVML samples) and is not run on CPU runs.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from gpuprof.diagnoses.context import RunContext
-from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.finding import CATEGORIES, Finding
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Rule:
     id: str
+    category: str
     check: Callable[[RunContext], "Finding | list[Finding] | None"]
     gpu_only: bool
 
@@ -31,19 +33,22 @@ class Rule:
         result = self.check(ctx)
         if result is None:
             return []
-        return [result] if isinstance(result, Finding) else list(result)
+        found = [result] if isinstance(result, Finding) else list(result)
+        return [replace(finding, category=self.category) for finding in found]
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(rule_id: str, *, gpu_only: bool = False):
-    """Register `check` under `rule_id` (kebab-case, stable: it appears in --json output)."""
+def rule(rule_id: str, category: str, *, gpu_only: bool = False):
+    """Register `check` under `rule_id` (kebab-case, stable: it appears in --json output) in `category`."""
+    if category not in CATEGORIES:
+        raise ValueError(f"rule {rule_id!r}: category must be one of {CATEGORIES}, got {category!r}")
 
     def register(check):
         if rule_id in RULES:
             raise ValueError(f"rule {rule_id!r} registered twice")
-        RULES[rule_id] = Rule(rule_id, check, gpu_only)
+        RULES[rule_id] = Rule(rule_id, category, check, gpu_only)
         return check
 
     return register

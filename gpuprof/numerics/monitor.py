@@ -1,14 +1,13 @@
 """The numerics collector: always-on finiteness flags, and forensics on the first bad step.
 
-Per step, on the device and without a host sync:
-- flags: loss non-finite; gradients non-finite (the gradient collector's norms; with a
-  GradScaler its found-inf decides instead, see ScalerTimeline); every `state_interval`
-  steps, parameters and optimizer state non-finite;
-- the largest |weight| at the start of the step (to point back at an oversized update);
-- the state the step starts from (StateKeeper), frozen by the flags themselves.
-The flags reach the host with the step record (a step or two later on CUDA, at once on
-CPU); the first bad step is then re-run from the kept state in forensic mode and reported
-as a `nonfinite` event plus a replay bundle in RUN/numerics/.
+Per step, on the device and without a host sync, one small vector of watched values whose
+non-finiteness is the flag: the loss; the global gradient norm (the gradient collector's; with
+a GradScaler its skips decide instead, see _OverflowStreak); every `state_interval` steps the
+largest |parameter| and |optimizer state|; then the largest |weight| at the start of the step
+(to point back at an oversized update). The state the step starts from (StateKeeper) is frozen
+when any of them is non-finite. The values reach the host with the step record (a step or two
+later on CUDA, at once on CPU); the first bad step is then re-run from the kept state in
+forensic mode and reported as a `nonfinite` event plus a replay bundle in RUN/numerics/.
 """
 
 from __future__ import annotations
@@ -20,16 +19,16 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from gpuprof.capture.distributed import is_sharded, local_tensor
 from gpuprof.numerics import bundle
-from gpuprof.modules import eager_model
-from gpuprof.numerics.blame import EVENT_KIND, NOT_REPRODUCED, Blame
+from gpuprof.modules import eager_model, is_sharded, local_tensor
+from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
 from gpuprof.numerics.state import (
     StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, param_names, rng_states,
 )
-from gpuprof.numerics.tape import Tape, TapeError, autocast_now, encode_micro_batch
+from gpuprof.numerics.tape import VERIFY_EVERY, Tape, TapeError, autocast_now, encode_micro_batch
 from gpuprof.numerics.timeline import LayerGradients, ScalerTimeline, SpikeDetector, oversized_update
+from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
 
@@ -86,8 +85,8 @@ class NumericsMonitor:
         self._handles: list = []
         self._skip_bad: torch.Tensor | None = None
         self._scaler_timeline = ScalerTimeline()
-        self._loss_spikes = SpikeDetector("loss_spike", "loss", self.options["spike_z"], self.options["spike_window"])
-        self._grad_spikes = SpikeDetector("grad_norm_spike", "gradient norm", self.options["spike_z"],
+        self._loss_spikes = SpikeDetector(EventKind.LOSS_SPIKE, "loss", self.options["spike_z"], self.options["spike_window"])
+        self._grad_spikes = SpikeDetector(EventKind.GRAD_NORM_SPIKE, "gradient norm", self.options["spike_z"],
                                           self.options["spike_window"])
         self._layers: LayerGradients | None = None
         self._overflow = _OverflowStreak() if self.scaler is not None else None
@@ -99,7 +98,8 @@ class NumericsMonitor:
         self._names = param_names(model)  # once: the per-step path only looks names up
         self._param_names = frozenset(self._names.values())
         self._weights = _WeightSample(model, prof.device, self.options["state_interval"])
-        self._false = torch.zeros((), dtype=torch.bool, device=prof.device)
+        self._zero = torch.zeros((), device=prof.device)
+        self._inf = torch.full((), math.inf, device=prof.device)
         if self.options["keep_state"] is not False:
             self._keeper = StateKeeper(prof.device)
         hook = torch._dynamo.disable(prof.collectors.guard(self, "forward_pre_hook", self._on_forward))
@@ -119,7 +119,7 @@ class NumericsMonitor:
             handle.remove()
         self._handles.clear()
         if self._later_bad_steps:
-            prof.event("nonfinite_steps", f"{self._later_bad_steps} more non-finite steps after the reported one",
+            prof.event(EventKind.NONFINITE_STEPS, f"{self._later_bad_steps} more non-finite steps after the reported one",
                        severity="warning", count=self._later_bad_steps)
 
     def on_step_start(self, prof, step: int) -> None:
@@ -130,22 +130,22 @@ class NumericsMonitor:
         inputs.batch = state.batch
         inputs.tape = self._tape.take() if self._tape is not None else None
         self._kept[state.step] = inputs
-        flags = self._flags(state, inputs)
+        watched = self._watched_values(state, inputs)
         if self._keeper is not None:
             if not self._keeps_lazily:
-                self._keeper.freeze_if(flags[: len(_FLAGS)].any())
-            elif not inputs.state_kept and any(flags[: len(_FLAGS)].tolist()):
+                self._keeper.freeze_if(~torch.isfinite(watched[: len(_FLAGS)]).all())
+            elif not inputs.state_kept and _nonfinite(watched.tolist()):  # a CPU tensor: no sync
                 self._keep_state_now(inputs)  # no update happened, or its gradients looked finite
-        return {"_numerics_flags": flags, "_numerics_lr": _first_lr(inputs.hyper)}
+        return {"_numerics_values": watched, "_numerics_lr": _first_lr(inputs.hyper)}
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]
-        values = record.get("_numerics_flags") or [0.0] * (len(_FLAGS) + 1)
+        values = record.get("_numerics_values") or [0.0] * (len(_FLAGS) + 1)
         self._history.append({"step": step, "param_absmax": values[-1], "lr": record.get("_numerics_lr")})
         for event in self._observe(step, record):
             prof.event(event["kind"], event["message"], severity=event["severity"], step=event["step"],
                        **event["details"])
-        bad = [name for name, value in zip(_FLAGS, values) if value]
+        bad = _nonfinite(values)
         if bad:
             self._on_nonfinite(prof, step, bad)
             if self._keeper is not None:
@@ -209,28 +209,30 @@ class NumericsMonitor:
         self._inputs.param_absmax = absmax if absmax is not None else self._weights.absmax(step)
         return self._inputs
 
-    def _flags(self, state, inputs: StepInputs) -> torch.Tensor:
-        """One float vector, in _FLAGS order then the largest |weight|: few small ops, it runs every step."""
-        device, no = self._prof.device, self._false
-        loss_bad = ~state.loss_finite if isinstance(state.loss_finite, torch.Tensor) else no
-        grads_bad = ~state.grad_finite \
-            if self.scaler is None and isinstance(state.grad_finite, torch.Tensor) else no
-        params_bad = optimizer_bad = no
+    def _watched_values(self, state, inputs: StepInputs) -> torch.Tensor:
+        """One float vector, non-finite where a flag of _FLAGS is raised, then the largest |weight|.
+
+        The values the step record carries anyway (loss, gradient norm) are their own flags: no
+        device op per step tests them. Parameters and optimizer state are read every `state_interval`."""
+        device, zero = self._prof.device, self._zero
+        loss = state.loss if isinstance(state.loss, torch.Tensor) else zero
+        grads = state.grad_norm if self.scaler is None and isinstance(state.grad_norm, torch.Tensor) else zero
+        params = optimizer = zero
         interval = self.options["state_interval"]
         if interval and state.step % interval == 0:
             model = eager_model(self.model)
-            params_bad = _any_nonfinite([p.detach() for p in model.parameters()], device)
-            optimizer_bad = _any_nonfinite(
-                [t for n, t in live_tensors(model, self.optimizer).items() if "::" in n], device)
-        absmax = inputs.param_absmax if inputs.param_absmax is not None else no
+            params = _absmax_of([p.detach() for p in model.parameters()], device)
+            optimizer = _absmax_of([t for n, t in live_tensors(model, self.optimizer).items() if "::" in n], device)
         overflow = self._overflow.update(self.scaler) if self._overflow is not None else None
-        values = [loss_bad, grads_bad, params_bad, optimizer_bad, overflow if overflow is not None else no, absmax]
-        return torch.stack([value.to(device) for value in values]).float()  # stack promotes bool to float
+        overflow = torch.where(overflow, self._inf, zero) if overflow is not None else zero
+        absmax = inputs.param_absmax if inputs.param_absmax is not None else zero
+        values = [loss if loss.dim() == 0 else loss.sum(), grads, params, optimizer, overflow, absmax]
+        return torch.stack([value.to(device, torch.float32) for value in values])
 
     # ------------------------------------------------------------------ skip policy
     def _check_grads(self, optimizer, args, kwargs) -> None:
         grads = _grads(optimizer)
-        self._skip_bad = _any_nonfinite(grads, self._prof.device) if grads else None
+        self._skip_bad = ~torch.isfinite(_absmax_of(grads, self._prof.device)) if grads else None
 
     def _undo_bad_update(self, optimizer, args, kwargs) -> None:
         """Puts parameters and optimizer state back where the step's gradients were non-finite."""
@@ -264,7 +266,7 @@ class NumericsMonitor:
         self._reports += 1
         blame = self.investigate(step, trigger=flags[0])
         details = {key: value for key, value in blame.details().items() if key != "step"}
-        prof.event(EVENT_KIND, blame.message(), severity="critical", step=step, **details)
+        prof.event(EventKind.NONFINITE, blame.message(), severity="critical", step=step, **details)
         if self.policy == "raise":
             self.stop_training = NonFiniteError(blame)
 
@@ -329,7 +331,10 @@ class NumericsMonitor:
             return batches, self.loss_fn or default_loss, "custom" if self.loss_fn else "default", []
         tape = inputs.tape
         if tape is not None and tape.replayable:
-            return list(tape.micro_batches), default_loss, "program", []
+            assumed = [] if tape.assumed_from is None else [
+                f"backward() was taken to run on the model's own output, as gpuprof saw it do at step "
+                f"{tape.assumed_from} (checked every {VERIFY_EVERY} steps)"]
+            return list(tape.micro_batches), default_loss, "program", assumed
         why = tape.error if tape is not None and tape.error else "no backward() was seen after the model's forward"
         return list(tape.calls if tape is not None else []), default_loss, "default", [
             f"the loss computation was not recorded ({why}): re-run as model(...).loss; "
@@ -413,11 +418,15 @@ def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
 
 
-def _any_nonfinite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def _absmax_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The largest |value| of this rank's floating tensors on `device` (0 for none); NaN if any is NaN."""
     floating = [t for t in _local(tensors) if t.is_floating_point() and t.device == device]
-    if not floating:
-        return torch.zeros((), dtype=torch.bool, device=device)
-    return ~torch.isfinite(_absmax(floating, device))
+    return _absmax(floating, device) if floating else torch.zeros((), device=device)
+
+
+def _nonfinite(values: list[float]) -> list[str]:
+    """The raised flags of a watched-values vector, in _FLAGS order."""
+    return [name for name, value in zip(_FLAGS, values) if not math.isfinite(value)]
 
 
 WEIGHT_SAMPLE = 1024  # elements of each weight read per step for the largest |weight| when no copy is kept

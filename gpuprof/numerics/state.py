@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gpuprof.capture.distributed import local_tensor
+from gpuprof.modules import local_tensor
 
 OPTIMIZER_KEY_SEPARATOR = "::"
 SCALER_PREFIX = "scaler" + OPTIMIZER_KEY_SEPARATOR

@@ -5,13 +5,15 @@ model's forward calls alone do not say what the backward pass started from. The 
 - every training forward call of the root module (its arguments, by reference), and
 - the torch calls made between the end of a forward call and `backward()`: the loss program.
   A TorchFunctionMode is on the mode stack only around that window (pushed by the root module's
-  forward hook, switched off when it sees `Tensor.backward` / `torch.autograd.backward`, popped
-  at the next forward, optimizer step or `prof.step()`: torch re-pushes a mode after its own
-  handler returns, so it cannot leave the stack from inside backward(); until it is popped it
-  passes calls through). It sees the few calls a loss takes,
+  forward hook, popped as backward() returns: see _LeaveWhenDropped). It sees the few calls a loss takes,
   above autograd and autocast, and stores them with tensors replaced by references: an output of
   a forward call, a result of an earlier call, a parameter by name, or any other tensor (the
   targets) by reference, like batches.
+When backward() ran straight from a model output (the model computed its loss: Hugging Face
+`labels=`) in DIRECT_AFTER micro-batches in a row, the window stays shut: calls passing through a
+mode cost about 1.3 us each, and a CPU `clip_grad_norm_` makes one per parameter. The end of the
+backward pass then closes the micro-batch at the same output, and every VERIFY_EVERY steps the
+window opens again to check that the loop still does so (StepTape.assumed_from says when).
 Each micro-batch is one list of items (forward calls and loss calls) ending at the tensor
 `backward()` was called on. `replay_loss` runs such a micro-batch on another model (the
 forensic copy, or the model `gpuprof replay` rebuilt) and returns that tensor.
@@ -33,6 +35,8 @@ from torch.overrides import TorchFunctionMode
 from gpuprof.modules import eager_model
 from gpuprof.numerics.watch import format_frame, user_frame
 
+DIRECT_AFTER = 3  # micro-batches in a row whose backward() ran on a model output
+VERIFY_EVERY = 50  # steps between two recorded windows once the loss is known to be the output
 MAX_LOSS_CALLS = 256  # more than a loss takes: the window is then not a loss computation
 _BACKWARDS = (torch.Tensor.backward, torch.autograd.backward)
 _SCALE_MULTIPLIES = {"mul", "__mul__", "__rmul__"}
@@ -92,6 +96,7 @@ class StepTape:
     calls: list[dict[str, Any]] = field(default_factory=list)  # every training forward call of the step
     micro_batches: list[MicroBatch] = field(default_factory=list)
     error: str | None = None  # why the loss program is missing or incomplete
+    assumed_from: int | None = None  # backward() from the model's output was assumed, last seen at this step
 
     @property
     def replayable(self) -> bool:
@@ -128,16 +133,45 @@ class _LossWindow(TorchFunctionMode):
         self.recording = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        given, kwargs = kwargs, kwargs or {}
         if not self.recording or torch.compiler.is_compiling():  # the usual case first: passing through
             return func(*args, **kwargs)
         if func in _BACKWARDS:
             self.recording = False
             self.tape.safely(self.tape.close_micro_batch, args[0] if args else kwargs.get("tensors"))
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if isinstance(given, dict):
+                given[_LEAVE_KEY] = _LeaveWhenDropped(self.tape)
+            return result
         out = func(*args, **kwargs)
         self.tape.safely(self.tape.record_call, func, args, kwargs, out)
         return out
+
+
+_LEAVE_KEY = "_gpuprof_leave_window"
+
+
+class _LeaveWhenDropped:
+    """Takes the window off the mode stack as soon as backward() has returned.
+
+    torch pushes a mode back onto the stack after its handler returns, so the handler of
+    backward() cannot pop it; left there, every call until the next optimizer step passes through
+    it (about 1.3 us each; a CPU `clip_grad_norm_` makes several per parameter). This object rides
+    in the keyword arguments torch's `handle_torch_function` handed to the handler and is dropped
+    with them when that function returns, after the push. Should torch keep them longer, the window
+    leaves at the next forward, optimizer step or `prof.step()` as before.
+    """
+
+    __slots__ = ("tape",)
+
+    def __init__(self, tape: "Tape"):
+        self.tape = tape
+
+    def __del__(self):
+        try:
+            self.tape._leave_window()
+        except Exception:  # noqa: BLE001 - runs inside the user's backward() call site
+            pass
 
 
 class Tape:
@@ -156,6 +190,11 @@ class Tape:
         self._scaled_items: set[int] = set()  # the loss calls computed from the GradScaler's scale
         self._param_names: dict[int, str] | None = None
         self._handles: list = []
+        self._step_index = 0
+        self._direct_streak = 0  # micro-batches in a row whose backward() ran on this output
+        self._direct_target: Output | None = None
+        self._direct_seen_at: int | None = None  # the step whose window last saw it
+        self._awaiting_backward = False  # a forward whose window stayed shut
 
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
@@ -173,10 +212,19 @@ class Tape:
             handle.remove()
         self._handles.clear()
 
+    def on_step_start(self, prof, step: int) -> None:
+        self._step_index = step
+
+    def on_after_backward(self, prof, step: int) -> None:
+        if self._awaiting_backward:
+            self._awaiting_backward = False
+            self.safely(self._close_at_output)
+
     def take(self) -> StepTape:
         """The step's tape (called once per step, at its end); the next step starts a new one."""
         self._leave_window()
         self.safely(self._drop_open_micro_batch)
+        self._awaiting_backward = False
         self._forget()
         step, self._step = self._step, StepTape()
         self._micro = None
@@ -212,10 +260,32 @@ class Tape:
     def _after_forward(self, output) -> None:
         if not torch.is_grad_enabled() or self._micro is None:
             return
+        if self._skips_window:
+            self._awaiting_backward = True
+            return
         item = len(self._micro.items) - 1
         for leaf, tensor in enumerate(leaves(output)):
             self._known[id(tensor)] = (Output(item, leaf), tensor)
         self._enter_window()
+
+    @property
+    def _skips_window(self) -> bool:
+        due = self._direct_seen_at is None or self._step_index - self._direct_seen_at >= VERIFY_EVERY
+        return self._direct_streak >= DIRECT_AFTER and not due
+
+    def _close_at_output(self) -> None:
+        """The micro-batch's backward ran, unseen, from the output the window saw it run from."""
+        micro, self._micro = self._micro, None
+        if micro is not None:
+            micro.target = self._direct_target
+            self._step.assumed_from = self._direct_seen_at
+
+    def _learn_target(self, micro: MicroBatch) -> None:
+        direct = isinstance(micro.target, Output) and not any(isinstance(item, LossCall) for item in micro.items)
+        same = direct and micro.target == self._direct_target
+        self._direct_streak = self._direct_streak + 1 if same else int(direct)
+        self._direct_target = micro.target if direct else None
+        self._direct_seen_at = self._step_index if direct else None
 
     def record_call(self, func, args, kwargs, out) -> None:
         results = leaves(out)
@@ -242,6 +312,8 @@ class Tape:
             micro.target = self._unscaled(micro, known[0]) if self._scale_derived(micro, known[0]) else known[0]
         elif micro is not None:
             self._step.error = "backward() was called on a tensor computed where gpuprof could not see it"
+        if micro is not None:
+            self._learn_target(micro)
         self._forget()
 
     def _unscaled(self, micro: MicroBatch, target: Result):

@@ -16,6 +16,9 @@ import statistics
 from collections import deque
 from typing import Any
 
+from gpuprof.blocks import block_groups, combined_norm
+from gpuprof.run.schema import EventKind
+
 
 Event = dict[str, Any]
 
@@ -40,14 +43,14 @@ class ScalerTimeline:
         if skipped:
             events += self._backoff(step, scale)
         elif self._streak >= self.persistent_after:
-            events.append(_event("scaler_recovery", "info",
+            events.append(_event(EventKind.SCALER_RECOVERY, "info",
                                  f"GradScaler recovered at step {step} after {self._streak} skipped steps "
                                  f"(scale {scale:g})", step, skipped_steps=self._streak, scale=scale))
         if not skipped:
             self._warmed_up, self._streak = True, 0
         if scale < 1 and not self._below_one_reported:
             self._below_one_reported = True
-            events.append(_event("scaler_scale_below_one", "critical",
+            events.append(_event(EventKind.SCALER_SCALE_BELOW_ONE, "critical",
                                  f"GradScaler scale fell to {scale:g} at step {step}: gradients are Inf/NaN "
                                  "even unscaled, a real non-finite value rather than an fp16 range problem",
                                  step, scale=scale))
@@ -55,13 +58,13 @@ class ScalerTimeline:
 
     def _backoff(self, step: int, scale: float) -> list[Event]:
         if not self._warmed_up:
-            return [_event("scaler_backoff", "info",
+            return [_event(EventKind.SCALER_BACKOFF, "info",
                            f"GradScaler warm-up backoff at step {step} (scale now {scale:g}): benign",
                            step, scale=scale, warm_up=True)]
         self._streak += 1
         if self._streak != self.persistent_after:
             return []
-        return [_event("scaler_persistent_overflow", "warning",
+        return [_event(EventKind.SCALER_PERSISTENT_OVERFLOW, "warning",
                        f"GradScaler skipped {self._streak} steps in a row up to step {step} "
                        f"(scale now {scale:g}): persistent overflow", step,
                        skipped_steps=self._streak, scale=scale)]
@@ -111,10 +114,6 @@ class LayerGradients:
     """Blocks whose gradient norm is `factor` times above or below the median block (each reported once)."""
 
     def __init__(self, names: list[str], factor: float = 1e3):
-        # Imported here: capture imports torch, which `gpuprof analyze` needs only for a replay.
-        from gpuprof.capture.gradients import _combine, block_groups
-
-        self._combine = _combine
         self.blocks = block_groups(names)
         self.factor = factor
         self._reported: set[tuple[str, str]] = set()
@@ -122,15 +121,15 @@ class LayerGradients:
     def observe(self, step: int, param_grad_norms: list[float] | None) -> list[Event]:
         if not param_grad_norms or len(self.blocks) < 2:
             return []
-        norms = {block: self._combine(param_grad_norms, indices) for block, indices in self.blocks.items()}
+        norms = {block: combined_norm(param_grad_norms, indices) for block, indices in self.blocks.items()}
         finite = [n for n in norms.values() if math.isfinite(n)]
         median = statistics.median(finite) if finite else 0.0
         if median <= 0:
             return []
         events = []
         for block, norm in norms.items():
-            kind = "exploding_gradient" if norm > median * self.factor else \
-                "vanishing_gradient" if norm < median / self.factor else None
+            kind = EventKind.EXPLODING_GRADIENT if norm > median * self.factor else \
+                EventKind.VANISHING_GRADIENT if norm < median / self.factor else None
             if kind and (kind, block) not in self._reported:
                 self._reported.add((kind, block))
                 events.append(_event(kind, "warning",

@@ -1,7 +1,9 @@
 """Reads a run directory (docs/run-format.md). The only code that parses run files.
 
     run = load_run("runs/exp1")
-    run.meta, run.steps, run.system, run.events, run.layers, run.ranks, run.trace_files, run.trace_windows
+    run.meta, run.steps, run.system, run.events, run.layers, run.ranks, run.trace_files, run.trace_windows,
+    run.snapshot_files
+    discover_runs(root), find_run_dirs(root), run_signature(path)   # what is under a folder; a cache key
     run.query        # DuckDB aggregates over all ranks without loading them (query.py)
 
 Streams load lazily on first access, each into pandas: fine for a few ranks; the analysis
@@ -27,6 +29,8 @@ from gpuprof.errors import NotARunError, RunFormatError
 from gpuprof.run import schema
 
 logger = logging.getLogger("gpuprof")
+# How many folder levels below a run's own folder `run_signature` looks (traces/steps-A-B/ is two).
+SIGNATURE_DEPTH = 2
 
 
 def load_run(path: str | os.PathLike) -> "Run":
@@ -36,16 +40,42 @@ def load_run(path: str | os.PathLike) -> "Run":
 
 def discover_runs(root: str | os.PathLike, max_depth: int = 3) -> list["Run"]:
     """Every readable run under `root` (itself included), newest first; unreadable ones are skipped."""
+    runs = []
+    for path in find_run_dirs(root, max_depth):
+        try:
+            runs.append(Run(path))
+        except RunFormatError as error:
+            logger.warning("gpuprof: skipping %s: %s", path, error)
+    return sorted(runs, key=lambda run: run.meta.get("start_unix_s") or 0, reverse=True)
+
+
+def find_run_dirs(root: str | os.PathLike, max_depth: int = 3) -> list[Path]:
+    """The folders under `root` (itself included) that hold a run's meta file, readable or not, in path order."""
     root = Path(root)
     if not root.is_dir():
         raise NotARunError(f"{root} is not a directory")
-    runs = []
-    for meta_path in _find_run_metas(root, max_depth):
-        try:
-            runs.append(Run(meta_path.parent))
-        except RunFormatError as error:
-            logger.warning("gpuprof: skipping %s: %s", meta_path.parent, error)
-    return sorted(runs, key=lambda run: run.meta.get("start_unix_s") or 0, reverse=True)
+    return sorted(meta_path.parent for meta_path in _find_run_metas(root, max_depth))
+
+
+def run_signature(path: str | os.PathLike) -> tuple:
+    """Name, size and mtime of every file of the run at `path` (its folder and two levels below:
+    rank folders, trace windows): it changes whenever the run is written, so it keys caches."""
+    entries: list[tuple] = []
+    _scan_files(Path(path), "", SIGNATURE_DEPTH, entries)
+    return tuple(sorted(entries))
+
+
+def _scan_files(folder: Path, prefix: str, depth: int, entries: list) -> None:
+    # Dot files are the writer's temporaries, replaced while we look.
+    for entry in os.scandir(folder):
+        if entry.name.startswith("."):
+            continue
+        name = prefix + entry.name
+        if entry.is_file():
+            stat = entry.stat()
+            entries.append((name, stat.st_size, stat.st_mtime_ns))
+        elif depth and entry.is_dir():
+            _scan_files(Path(entry.path), name + "/", depth - 1, entries)
 
 
 def _find_run_metas(root: Path, max_depth: int):
@@ -119,6 +149,12 @@ class Run:
         for path in self.trace_files:
             windows.setdefault(path.parent.name, []).append(path)
         return dict(sorted(windows.items(), key=lambda item: _window_start(item[0])))
+
+    @property
+    def snapshot_files(self) -> list[Path]:
+        """CUDA memory snapshots (`snapshots/rank-R.step-S.pickle`: on out-of-memory, or prof.memory_snapshot())."""
+        snapshots = self.path / schema.SNAPSHOTS_DIR
+        return sorted(snapshots.glob("*.pickle")) if snapshots.is_dir() else []
 
     @cached_property
     def query(self):

@@ -46,7 +46,37 @@ SORT_KEYS = {
     "events": ["time_unix_s", "rank"],
     "layers": ["step", "rank", "layer"],
 }
-SEVERITIES = ("info", "warning", "critical")
+# Severity of an event or a finding, most severe first (findings are ranked in this order).
+SEVERITIES = ("critical", "warning", "info")
+
+
+class EventKind:
+    """The `kind` of an event record: written by capture and numerics, read by the diagnoses,
+    the report and the dashboard. Each kind is spelled here only."""
+
+    # capture
+    COLLECTOR_DISABLED = "collector_disabled"
+    PROFILER_DISABLED = "profiler_disabled"
+    DEVICE_METRICS_OFF = "device_metrics_off"
+    PHASE_UNAVAILABLE = "phase_unavailable"
+    TRACE_WRITTEN = "trace_written"
+    OOM = "oom"
+    STEP_SKIPPED = "step_skipped"
+    LR_STEP_ON_SKIPPED = "lr_step_on_skipped_step"
+    # numerics
+    NONFINITE = "nonfinite"
+    NONFINITE_STEPS = "nonfinite_steps"
+    LOSS_SPIKE = "loss_spike"
+    GRAD_NORM_SPIKE = "grad_norm_spike"
+    EXPLODING_GRADIENT = "exploding_gradient"
+    VANISHING_GRADIENT = "vanishing_gradient"
+    SCALER_BACKOFF = "scaler_backoff"
+    SCALER_RECOVERY = "scaler_recovery"
+    SCALER_PERSISTENT_OVERFLOW = "scaler_persistent_overflow"
+    SCALER_SCALE_BELOW_ONE = "scaler_scale_below_one"
+
+
+EVENT_KINDS = tuple(value for name, value in vars(EventKind).items() if name.isupper())
 
 
 def rank_dir_name(rank: int) -> str:

@@ -224,3 +224,34 @@ def test_what_cannot_be_hooked_is_said_once_and_capture_goes_on(tmp_path, bad):
     assert run.steps[[f"{name}_time_s" for name in lost]].isna().all().all()
     assert (run.steps[kept] > 0).all().all()
     assert run.meta["status"] == "finished"
+
+
+class TwoBranches(torch.nn.Module):
+    """Steps before `switch_at` go through branch a only, later ones through branch b only."""
+
+    def __init__(self, switch_at: int):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+        self.b = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+        self.switch_at, self.calls = switch_at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return (self.a if self.calls <= self.switch_at else self.b)(x).sum()
+
+
+def test_a_backward_pass_that_leaves_the_watched_parameters_is_seen_again_a_step_later(tmp_path):
+    """After the first pass only two parameters keep an end-of-backward hook. A pass that reaches none of
+    them loses that step's backward end (and gradient norms); the next step is seen again."""
+    model = TwoBranches(switch_at=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for _ in range(6):
+            model(torch.randn(4, 8)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+    steps = gpuprof.load_run(tmp_path / "run").steps
+    seen = steps["grad_norm"].notna().tolist()
+    assert seen == [True, True, True, False, True, True]
+    assert steps["backward_time_s"].notna().tolist() == seen

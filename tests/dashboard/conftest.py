@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from gpuprof.dashboard import APP_PATH, REPO_SAMPLE_RUNS, RUNS_DIR_ENV
+from gpuprof.dashboard import APP_PATH, RUNS_DIR_ENV
 
 SAMPLE_NAMES = ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")
 REPO = Path(__file__).resolve().parents[2]
+REPO_SAMPLE_RUNS = REPO / "sample_runs"
 FALLBACK_STEPS = 8
 
 
@@ -96,4 +97,32 @@ def many_ranks_root(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("many_ranks")
     synthesise(root / "wide", n_ranks=64, n_steps=200, system_hz=2.0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def snapshot_root(tmp_path_factory) -> Path:
+    """A folder with one run of a tiny GPT-2 loop with a trace window (steps 1-2) and two memory
+    snapshots written where capture writes them: one named by an `oom` event, as on an
+    out-of-memory error, and one on demand without allocation history. The snapshots are torch's
+    own format, converted by torch from a profile (no CUDA here)."""
+    import pickle
+
+    from gpt2_runs import record, training_step_snapshot
+
+    def snapshot(prof, model, optimizer, tokens) -> None:
+        if prof.step_index not in (3, 4):
+            return
+        taken = training_step_snapshot(model, optimizer, tokens)
+        path = prof.writer.snapshot_path(prof.step_index)
+        if prof.step_index == 4:
+            taken["device_traces"] = [[] for _ in taken["device_traces"]]
+        path.write_bytes(pickle.dumps(taken))
+        if prof.step_index == 3:
+            prof.event("oom", "out of memory (a test's stand-in)", severity="critical", step=prof.step_index,
+                       snapshot=prof.writer.relative(path))
+
+    root = tmp_path_factory.mktemp("snapshots")
+    # the snapshots' own profiler runs after the trace window: two profilers at once crash torch
+    record(root / "snap", steps=5, trace_steps=range(1, 3), before_step=snapshot)
     return root

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from dashboard_helpers import texts, trace_named, values
 
-from gpuprof.analysis.run import compare, summarize
+from gpuprof.analysis.run import summarize
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.dashboard.views.common import escape_markdown
 from gpuprof.diagnoses import diagnose
-from gpuprof.diagnoses.rules.numerics import NONFINITE_EVENT_KINDS
+from gpuprof.report import build_report, compare
 from gpuprof.run.reader import load_run
-from gpuprof.run.schema import NUMERICS_DIR
+from gpuprof.run.schema import NUMERICS_DIR, EventKind
 
 
 def test_runs_page_lists_every_run_with_its_figures(sample_root, open_page):
@@ -31,6 +31,7 @@ def test_runs_page_lists_every_run_with_its_figures(sample_root, open_page):
         assert row["steps"] == summary.n_steps
         assert row["tokens/s"] == pytest.approx(summary.tokens_per_s)
         assert row["critical"] == sum(f.severity == "critical" for f in diagnose(run))
+        assert row["verdict"] == build_report(sample_root / name).verdict.headline
     assert table.loc["ddp-2rank", "ranks"] == 2
     assert "Recorded on: " in " ".join(texts(app.caption))
 
@@ -60,6 +61,8 @@ def test_run_page_shows_diagnoses_first_then_the_timelines(sample_root, open_pag
     np.testing.assert_allclose(values(loss, "y"), steps["loss"])
     subheaders = texts(app.subheader)
     assert subheaders.index("Diagnoses") < subheaders.index("Throughput and MFU")
+    verdict = build_report(sample_root / "slow-data").verdict
+    assert verdict.bound == "input" and escape_markdown(verdict.headline) in texts(app.info)[0]
     assert not app.error
 
 
@@ -68,7 +71,7 @@ def test_numerics_page_names_where_the_nan_appeared(sample_root, open_page):
     run = load_run(sample_root / "nan")
     findings = [f for f in diagnose(run) if f.rule == "nonfinite-values"]
     assert findings and any(escape_markdown(findings[0].title) in expander.label for expander in app.expander)
-    event = run.events[run.events["kind"].isin(NONFINITE_EVENT_KINDS)].iloc[0]
+    event = run.events[run.events["kind"] == EventKind.NONFINITE].iloc[0]
     shown = next(table.value["value"].to_dict() for table in app.table if "phase" in table.value.index)
     first_bad_step = int(run.steps.loc[~run.steps["loss_finite"].astype(bool), "step"].min())
     assert int(shown["step"]) == int(event["step"]) == first_bad_step
@@ -121,9 +124,9 @@ def test_distributed_page_compares_the_ranks(sample_root, open_page):
 
 def test_compare_page_shows_speedup_and_findings_delta(sample_root, open_page):
     app = open_page(sample_root, "Compare", ("baseline", "optimized"))
-    comparison = compare(load_run(sample_root / "baseline"), load_run(sample_root / "optimized"))
+    comparison = compare(build_report(sample_root / "baseline"), build_report(sample_root / "optimized"))
     metrics = {metric.label: metric.value for metric in app.metric}
-    speedup = comparison.a.step_time_p50_s / comparison.b.step_time_p50_s
+    speedup = comparison.a.summary.step_time_p50_s / comparison.b.summary.step_time_p50_s
     assert metrics["Speedup (step time p50, A/B)"] == f"{speedup:.2f}×"
     labels = " ".join(expander.label for expander in app.expander)
     for finding in comparison.appeared + comparison.disappeared:

@@ -1,4 +1,4 @@
-"""`gpuprof report RUN -o report.html`: one self-contained file with the diagnoses and the charts."""
+"""`gpuprof report RUN -o report.html`: one self-contained file with the verdict, the diagnoses and the charts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from gpuprof.dashboard.charts import run_panels
 from gpuprof.diagnoses import diagnose
+from gpuprof.report import build_report
 from gpuprof.run.reader import load_run
 
 
@@ -23,6 +24,8 @@ def test_report_holds_findings_and_every_chart(sample_root, tmp_path):
     run = load_run(sample_root / "slow-data")
     for finding in diagnose(run):
         assert html.escape(finding.title) in page
+    verdict = build_report(sample_root / "slow-data").verdict
+    assert verdict.bound == "input" and page.index(html.escape(verdict.headline)) < page.index("<h2>Diagnoses</h2>")
     charts = [panel for panel in run_panels(run, 0) if panel.figure is not None]
     assert page.count('class="plotly-graph-div"') == len(charts)
     assert page.count("* plotly.js v") == 1  # plotly.js embedded once: the file opens offline

@@ -41,13 +41,14 @@ def test_analyze_json_follows_the_documented_schema(recorded_runs, schemas):
     document = json.loads(result.stdout)
     validate(document, "gpuprof.analyze", schemas)
     assert "dataloader-bound" in [finding["rule"] for finding in document["findings"]]
+    assert document["verdict"]["bound"] == "input" == document["findings"][0]["category"]
     assert document["summary"]["warmup"]["n_steps"] >= 1
 
 
 def test_analyze_prints_summary_and_ranked_findings(recorded_runs):
     result = gpuprof("analyze", recorded_runs.path("data_delay"))
     assert result.returncode == 0, result.stderr
-    assert "warm-up excluded" in result.stdout
+    assert result.stdout.startswith("Verdict: Bound by input") and "warm-up excluded" in result.stdout
     findings = re.findall(r"^\s+\d+\. (CRITICAL|WARNING|INFO)\s+(\S+):", result.stdout, flags=re.M)
     assert "dataloader-bound" in [rule for _, rule in findings]
     order = ["CRITICAL", "WARNING", "INFO"]

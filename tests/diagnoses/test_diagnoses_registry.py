@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprof.diagnoses import SEVERITIES, Finding, diagnose, rule
+from gpuprof.diagnoses import CATEGORIES, SEVERITIES, Finding, diagnose, rule
 from gpuprof.diagnoses.registry import RULES, all_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def test_findings_are_ranked_by_severity_then_gain(write_gpu_run):
 
 
 def test_a_failing_rule_is_logged_and_skipped(write_gpu_run, caplog):
-    @rule("test-always-fails")
+    @rule("test-always-fails", "host")
     def always_fails(ctx):
         raise RuntimeError("boom")
 
@@ -41,9 +41,21 @@ def test_a_failing_rule_is_logged_and_skipped(write_gpu_run, caplog):
         RULES.pop("test-always-fails")
 
 
-def test_finding_rejects_unknown_severity():
+def test_finding_rejects_unknown_severity_and_category():
     with pytest.raises(ValueError):
         Finding(rule="x", severity="fatal", title="t")
+    with pytest.raises(ValueError):
+        Finding(rule="x", severity="info", title="t", category="speed")
+    with pytest.raises(ValueError):
+        rule("test-no-such-category", "speed")
+
+
+def test_findings_carry_their_rules_category(write_gpu_run):
+    findings = diagnose(write_gpu_run(step=lambda i: {"data_time_s": 0.1, "mem_reserved_bytes": 78 * 2**30}), strict=True)
+    assert {"dataloader-bound", "memory-near-limit"} <= {finding.rule for finding in findings}
+    for finding in findings:
+        assert finding.category == RULES[finding.rule].category in CATEGORIES
+        assert finding.to_dict()["category"] == finding.category
 
 
 def test_every_rule_is_documented_and_tested():
@@ -52,4 +64,6 @@ def test_every_rule_is_documented_and_tested():
     for registered in all_rules():
         assert re.match(r"^[a-z0-9]+(-[a-z0-9]+)*$", registered.id)
         assert f"`{registered.id}`" in docs, f"{registered.id} missing from docs/rules.md"
-        assert f'"{registered.id}"' in tests.replace(f'@rule("{registered.id}")', ""), f"{registered.id} untested"
+        category_row = next(line for line in docs.splitlines() if line.startswith(f"| `{registered.category}` |"))
+        assert f"`{registered.id}`" in category_row, f"{registered.id} missing from its category in docs/rules.md"
+        assert f'"{registered.id}"' in tests.replace(f'@rule("{registered.id}", "{registered.category}")', ""), f"{registered.id} untested"

@@ -1,4 +1,4 @@
-"""Run summary and comparison on real recorded runs of the reference workload."""
+"""Run summary, and the comparison of two runs' reports, on real recorded runs of the reference workload."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from gpuprof.analysis.run import compare, summarize
+from gpuprof.analysis.run import summarize
 from gpuprof.analysis.run.summary import PHASES, WARMUP_MAX_FRACTION, WARMUP_MIN_RUN_STEPS, detect_warmup, step_times
+from gpuprof.report import build_report, compare
 
 
 def test_summary_excludes_warmup_and_says_why(recorded_runs):
@@ -73,7 +74,7 @@ def test_detect_warmup_of_a_resumed_run():
 
 
 def test_compare_baseline_with_slow_loader(recorded_runs):
-    comparison = compare(recorded_runs["baseline"], recorded_runs["data_delay"])
+    comparison = compare(build_report(recorded_runs.path("baseline")), build_report(recorded_runs.path("data_delay")))
     metrics = comparison.metrics.set_index("metric")
     # Step times of two runs on a shared 2-core machine are too noisy to rank; the loader's sleep is not.
     assert metrics.loc["data_share_pct", "ratio_b_over_a"] > 10 and metrics.loc["data_share_pct", "better"] == "a"

@@ -110,4 +110,4 @@ def test_trace_and_analyze_cover_the_recorded_runs(dry_run):
     assert set(analyzed) == {path.parent.name for path in (out / "runs").glob("*/meta.json")}
     for name in ("baseline", "optimized"):
         assert analyzed[name]["tokens_per_s"] == sections["reference"]["variants"][name]["tokens_per_s"]
-        assert (out / "analyze" / f"{name}.txt").read_text().startswith("Run ")
+        assert (out / "analyze" / f"{name}.txt").read_text().startswith("Verdict: ")

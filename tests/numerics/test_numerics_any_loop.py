@@ -298,3 +298,68 @@ def test_a_model_gpuprof_cannot_build_replays_from_python_with_its_recorded_loss
     assert "cannot be rebuilt from the command line" in capsys.readouterr().err
     replayed, recorded = replay(event["bundle"], model=mlp())  # no loss_fn: the bundle holds the loss calls
     assert same_blame(replayed, recorded)
+
+
+def labels_loop(run_dir, steps: int, *, bad_step: int, outside_from: int | None = None) -> None:
+    """A Hugging Face loop: the model computes its loss from `labels=`; from step `outside_from` on, the
+    loop computes it outside instead. At `bad_step` every target is ignored, so the loss is 0/0."""
+    model = user_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with gpuprof.profile(run_dir, model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(steps):
+            x = tokens()
+            y = torch.full_like(x, -100) if step == bad_step else x
+            if outside_from is not None and step >= outside_from:
+                logits = model(x).logits
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())
+            else:
+                loss = model(x, labels=y).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step(loss=loss.detach())
+
+
+def test_a_loss_the_model_computes_is_replayed_with_the_window_shut(tmp_path):
+    """After DIRECT_AFTER steps of backward() on the model's own loss the tape stops recording calls
+    after the forward (none pass through a mode), and the re-run still blames the loss exactly."""
+    from gpuprof.numerics.tape import DIRECT_AFTER
+
+    run_dir = tmp_path / "run"
+    labels_loop(run_dir, steps=DIRECT_AFTER + 4, bad_step=DIRECT_AFTER + 3)
+    [event] = events(run_dir, "nonfinite")
+    assert (event["step"], event["phase"], event["op"], event["first"]) == \
+        (DIRECT_AFTER + 3, "loss", "aten::nll_loss_forward", "nan")
+    assert any(f"as gpuprof saw it do at step {DIRECT_AFTER - 1}" in note for note in event["notes"])
+
+
+def test_a_loop_that_starts_computing_its_loss_outside_is_recorded_again(tmp_path):
+    """The window opens again every VERIFY_EVERY steps: a loss moved outside the model is learned there,
+    and a later bad step is blamed on the user's own line, with no assumption in its notes."""
+    from gpuprof.numerics.tape import DIRECT_AFTER, VERIFY_EVERY
+
+    run_dir = tmp_path / "run"
+    bad_step = DIRECT_AFTER + VERIFY_EVERY + 2
+    labels_loop(run_dir, steps=bad_step + 1, bad_step=bad_step, outside_from=DIRECT_AFTER + 1)
+    [event] = events(run_dir, "nonfinite")
+    assert (event["step"], event["phase"], event["op"]) == (bad_step, "loss", "aten::nll_loss_forward")
+    assert "F.cross_entropy" in event["source"] and not any("as gpuprof saw it do" in n for n in event["notes"])
+
+
+def test_the_loss_window_is_off_the_mode_stack_once_backward_returns(tmp_path):
+    """Calls after backward() (clipping, logging) do not pass through gpuprof's mode."""
+    model = user_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    depths = []
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for _ in range(3):
+            x = tokens()
+            loss = F.cross_entropy(model(x).logits.flatten(0, 1), x.flatten())
+            depths.append(torch._C._len_torch_function_stack())
+            loss.backward()
+            depths.append(torch._C._len_torch_function_stack())
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step(loss=loss.detach())
+    assert depths == [1, 0] * 3

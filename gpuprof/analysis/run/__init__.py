@@ -1,6 +1,6 @@
-"""Run analysis: the headline figures of one run (`summarize`) and of two side by side (`compare`)."""
+"""Run analysis: the headline figures of one run (`summarize`). Two runs side by side are
+compared on their reports (`gpuprof.report.compare`)."""
 
-from gpuprof.analysis.run.compare import Comparison, compare
 from gpuprof.analysis.run.summary import RunSummary, Warmup, summarize
 
-__all__ = ["Comparison", "RunSummary", "Warmup", "compare", "summarize"]
+__all__ = ["RunSummary", "Warmup", "summarize"]

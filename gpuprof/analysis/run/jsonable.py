@@ -1,4 +1,4 @@
-"""Plain-JSON conversion shared by every `to_dict` of the run analysis and the diagnoses."""
+"""Plain-JSON conversion: the one used by every `to_dict` and every `--json` document (analyze, compare, trace)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pieces every page uses: number formatting, findings cards, chart panels, the "pick a run" hint."""
+"""Pieces every page uses: the verdict, findings cards, chart panels, the "pick a run" hint."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from gpuprof.dashboard.format import fmt, known
+from gpuprof.report.format import gain_text, value_text
 from gpuprof.errors import GpuprofError
 
 log = logging.getLogger(__name__)
@@ -58,30 +58,31 @@ def escape_markdown(text: str) -> str:
     return MARKDOWN_SPECIALS.sub(r"\\\1", text)
 
 
+def show_verdict(verdict) -> None:
+    """What bounds the step, why, and what to do next; a warning when a signal to tell is missing."""
+    box = st.warning if verdict.bound in (None, "numerics", "memory") else st.info
+    box(f"**{escape_markdown(verdict.headline)}.** {escape_markdown(verdict.why)}\n\n"
+        f"**Next:** {escape_markdown(verdict.next_step)}", icon=":material/gavel:")
+
+
 def show_findings(findings: list) -> None:
     """Diagnoses, most severe first: title always visible; evidence and fix one click away."""
     if not findings:
         st.success("No problems found by the diagnosis rules.")
         return
     for finding in findings:
-        gain = f" · est. gain {finding.est_gain_pct:.0f} % of step time" if known(finding.est_gain_pct) else ""
+        gain = gain_text(finding.est_gain_pct)
         color = SEVERITY_COLORS.get(finding.severity, "gray")
-        label = f":{color}[**{finding.severity}**] {escape_markdown(finding.title)}{gain}"
+        label = f":{color}[**{finding.severity}**] {escape_markdown(finding.title)}" + (f" · {gain}" if gain else "")
         with st.expander(label, expanded=finding.severity == "critical", icon=SEVERITY_ICONS.get(finding.severity)):
-            st.caption(f"rule `{finding.rule}`")
+            st.caption(f"rule `{finding.rule}` · {finding.category}")
             if finding.fix:
                 st.markdown(f"**Fix:** {escape_markdown(finding.fix)}")
             flat = {key: value for key, value in finding.evidence.items() if not isinstance(value, dict)}
             if flat:
-                st.table(pd.DataFrame({"value": [_evidence_value(value) for value in flat.values()]},
+                st.table(pd.DataFrame({"value": [value_text(value) for value in flat.values()]},
                                       index=list(flat)))
             for key, value in finding.evidence.items():
                 if isinstance(value, dict):
                     st.caption(key)
                     st.json(value, expanded=False)
-
-
-def _evidence_value(value) -> str:
-    if isinstance(value, float):
-        return fmt(value, "{:,.4g}")
-    return str(value)

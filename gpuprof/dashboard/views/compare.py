@@ -6,19 +6,20 @@ from __future__ import annotations
 import streamlit as st
 
 from gpuprof.dashboard import data
-from gpuprof.dashboard.format import fmt, fmt_gib
-from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel
+from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel, show_verdict
+from gpuprof.report import compare
+from gpuprof.report.format import fmt_gib, fmt_ratio
 
 
 def headline(comparison) -> None:
-    a, b = comparison.a, comparison.b
+    a, b = comparison.a.summary, comparison.b.summary
     speedup = a.step_time_p50_s / b.step_time_p50_s if a.step_time_p50_s and b.step_time_p50_s else None
     throughput = b.tokens_per_s / a.tokens_per_s if a.tokens_per_s and b.tokens_per_s else None
     saved = (a.peak_memory_bytes - b.peak_memory_bytes
              if a.peak_memory_bytes is not None and b.peak_memory_bytes is not None else None)
     columns = st.columns(3)
-    columns[0].metric("Speedup (step time p50, A/B)", fmt(speedup, "{:.2f}×"))
-    columns[1].metric("Throughput (tokens/s, B/A)", fmt(throughput, "{:.2f}×"))
+    columns[0].metric("Speedup (step time p50, A/B)", fmt_ratio(speedup))
+    columns[1].metric("Throughput (tokens/s, B/A)", fmt_ratio(throughput))
     columns[2].metric("Peak memory saved (A−B)", fmt_gib(saved))
 
 
@@ -37,8 +38,11 @@ def render(root, entries, selected) -> None:
     entry_a, entry_b = selected[:2]
     st.header(f"Compare · A `{entry_a.name}` vs B `{entry_b.name}`")
     with section("Comparison"):
-        comparison = data.comparison(str(entry_a.path), entry_a.signature, str(entry_b.path), entry_b.signature)
+        comparison = compare(entry_a.report, entry_b.report)
         headline(comparison)
+        for label, entry in (("A", entry_a), ("B", entry_b)):
+            st.caption(f"{label} `{entry.name}`")
+            show_verdict(entry.report.verdict)
         st.dataframe(comparison.metrics, hide_index=True, key="compare_metrics")
         left, right = st.columns(2)
         findings_column(left, "Findings that appeared in B", comparison.appeared)

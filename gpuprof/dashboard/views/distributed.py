@@ -5,13 +5,15 @@ from __future__ import annotations
 import streamlit as st
 
 from gpuprof.analysis.run.summary import slowest_ranks
+from gpuprof.analysis.trace.tables import TABLE_TITLES
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import rank_phase_panel
 from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel
+from gpuprof.report.verdict import HOW_TO_RECORD
 
-# Findings about how ranks work together, shown again here beside the per-rank evidence.
-DISTRIBUTED_RULE_PREFIXES = ("rank-", "straggler", "comm", "ddp", "dataparallel", "non-nccl")
 SLOWEST_SHOWN = 10
+# The trace window's tables about ranks and communication, shown below the per-rank figures.
+COMMUNICATION_TABLES = ("rank_spread", "stragglers", "comm_comp_overlap")
 
 
 def render(root, entries, selected) -> None:
@@ -19,7 +21,7 @@ def render(root, entries, selected) -> None:
         return
     entry = selected[0]
     st.header(f"Distributed · `{entry.name}`")
-    summary = entry.summary
+    summary = entry.report.summary
     if summary.world_size <= 1:
         st.info(f"`{entry.name}` ran as a single process: nothing to compare across ranks. "
                 "Record a run under torchrun (e.g. `torchrun --nproc-per-node 2 -m gpuprof train ...`).")
@@ -28,9 +30,8 @@ def render(root, entries, selected) -> None:
     if summary.missing_ranks:
         st.warning(f"{len(summary.missing_ranks)} rank(s) left no readable steps and are not shown: "
                    f"{shorten(summary.missing_ranks)}.")
-    findings = [f for f in entry.findings if f.rule.startswith(DISTRIBUTED_RULE_PREFIXES)]
     st.subheader("Stragglers and communication")
-    show_findings(findings)
+    show_findings(entry.report.findings_in("communication"))
     slowest = slowest_ranks(summary.per_rank, SLOWEST_SHOWN)
     with section("Slowest ranks"):
         st.subheader("Slowest ranks")
@@ -53,7 +54,7 @@ def render(root, entries, selected) -> None:
         st.dataframe(summary.per_rank, hide_index=True, key="per_rank_table")
         show_panel(rank_phase_panel(summary.per_rank))
     with section("Communication"):
-        show_communication(entry)
+        show_communication(entry.report)
 
 
 def shorten(ranks: list[int], shown: int = 20) -> str:
@@ -61,18 +62,16 @@ def shorten(ranks: list[int], shown: int = 20) -> str:
     return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
-TRACE_TABLE_TITLES = {
-    "rank_spread": "Step time across ranks (trace window)",
-    "stragglers": "Straggler candidates (trace window)",
-    "comm_comp_overlap": "Communication time and its overlap with computation (trace window)",
-}
-
-
-def show_communication(entry) -> None:
-    tables = data.communication_by_rank(entry)
-    if not tables:
-        st.info("This run has no trace window: record one with the profile's trace_steps to see communication time.")
+def show_communication(report) -> None:
+    """Step spread, stragglers and communication overlap per rank, from the run's first trace window."""
+    if not report.trace_windows:
+        st.info(f"This run has no trace window, which communication time needs. "
+                f"Record {HOW_TO_RECORD['trace window']}.")
         return
-    for name, table in tables.items():
-        st.subheader(TRACE_TABLE_TITLES[name])
-        st.dataframe(table, hide_index=True, key=f"dist_{name}")
+    window = report.trace_windows[0]
+    if window.error is not None:
+        st.error(f"Trace window {window.name}: {window.error}")
+        return
+    for name in COMMUNICATION_TABLES:
+        st.subheader(f"{TABLE_TITLES[name]} (trace window {window.name})")
+        st.dataframe(window.tables[name], hide_index=True, key=f"dist_{name}")

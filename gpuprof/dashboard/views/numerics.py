@@ -11,14 +11,11 @@ import streamlit as st
 
 from gpuprof.dashboard.charts import loss_panel, scaler_panel
 from gpuprof.dashboard.views.common import escape_markdown, need_runs, section, show_findings, show_panel
-from gpuprof.diagnoses.rules.numerics import NONFINITE_EVENT_KINDS
+from gpuprof.report.format import value_text
 from gpuprof.run.schema import NUMERICS_DIR
 
-NUMERICS_RULES = ("nonfinite-values", "gradscaler-trouble", "lr-step-on-skipped")
 BLAME_FIELDS = ("step", "rank", "phase", "module", "op", "first", "tensor", "dtype", "shape",
                 "nonfinite_count", "input_absmax", "source", "micro_batch", "trigger")
-# Events this many steps before the first bad one are the "chain" that led to it.
-CHAIN_STEPS_BEFORE = 5
 
 
 def blame_fields(event: pd.Series) -> pd.DataFrame:
@@ -34,19 +31,8 @@ def blame_fields(event: pd.Series) -> pd.DataFrame:
 
 
 def _text(value) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, (list, tuple)):
-        return " × ".join(map(str, value))
-    return str(value)
-
-
-def chain(events: pd.DataFrame, first_step: int | None) -> pd.DataFrame:
-    if first_step is None or events.empty:
-        return events
-    steps = pd.to_numeric(events["step"], errors="coerce")
-    near = events[(steps >= first_step - CHAIN_STEPS_BEFORE) & (steps <= first_step + 1) | steps.isna()]
-    return near.sort_values("time_unix_s")[["time_unix_s", "step", "rank", "kind", "severity", "message"]]
+    """A blame field; its lists are tensor shapes."""
+    return " × ".join(map(str, value)) if isinstance(value, (list, tuple)) else value_text(value)
 
 
 def bundle_path(run_path: Path, recorded: str) -> Path:
@@ -78,29 +64,26 @@ def render(root, entries, selected) -> None:
         return
     entry = selected[0]
     st.header(f"Numerics · `{entry.name}`")
-    show_findings([f for f in entry.findings if f.rule in NUMERICS_RULES] or [])
-    run = entry.load()
-    events = run.query.frame("events")
-    blame = events[events["kind"].isin(NONFINITE_EVENT_KINDS)] if not events.empty else events
+    report = entry.report
+    show_findings(report.findings_in("numerics"))
     with section("Non-finite values"):
         st.subheader("Where a value first went non-finite")
-        if blame.empty:
-            health = entry.summary.health
+        if report.blames.empty:
+            health = report.summary.health
             st.success(
                 f"No NaN/Inf recorded: {health['nonfinite_loss_steps']} non-finite loss steps, "
                 f"{health['nonfinite_grad_steps']} non-finite gradient steps, "
                 f"{health['skipped_steps']} steps skipped by GradScaler."
             )
         else:
-            for _, event in blame.iterrows():
+            for _, event in report.blames.iterrows():
                 show_blame(entry, event)
-            first_step = pd.to_numeric(blame["step"], errors="coerce").min()
             st.subheader("Events around it")
-            st.dataframe(chain(events, None if pd.isna(first_step) else int(first_step)),
-                         hide_index=True, key="chain_table")
+            st.dataframe(report.blame_chain, hide_index=True, key="chain_table")
     with section("Loss and GradScaler"):
-        ranks = run.query.ranks_with_steps
-        steps = run.query.rank_frame("steps", ranks[0]) if ranks else run.query.frame("steps", limit=0)
+        query = report.run.query
+        ranks = query.ranks_with_steps
+        steps = query.rank_frame("steps", ranks[0]) if ranks else query.frame("steps", limit=0)
         if not steps.empty:
             show_panel(loss_panel(steps))
             show_panel(scaler_panel(steps))

@@ -1,40 +1,35 @@
-"""Run page: the diagnoses first, then the headline figures, then every timeline."""
+"""Run page: the verdict and the diagnoses first, then the headline figures, then every timeline."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from gpuprof.dashboard import data
-from gpuprof.dashboard.format import device_label, fmt, fmt_gib, fmt_ms, fmt_pct
-from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel
+from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel, show_verdict
+from gpuprof.report.format import device_label, headline_figures, model_label, variant_label
+
+METRIC_HELP = {"Peak memory": "torch's peak allocated on a GPU; the process RSS on a CPU"}
 
 
 def rank_picker(entry, key: str) -> int:
     """Rank 0 for single-process runs, else the rank the user picks (kept across reruns)."""
-    if entry.summary.world_size <= 1:
+    world_size = entry.report.summary.world_size
+    if world_size <= 1:
         return 0
-    return st.selectbox("Rank", list(range(entry.summary.world_size)), key=key)
+    return st.selectbox("Rank", list(range(world_size)), key=key)
 
 
 def headline(entry) -> None:
-    summary = entry.summary
+    summary = entry.report.summary
     meta = entry.meta
-    config = meta.get("config") or {}
     st.header(f"Run `{entry.name}`")
-    st.caption(
-        f"{entry.status} · {device_label(meta)} · "
-        f"model {config.get('model_size') or (meta.get('model') or {}).get('class') or '—'} · "
-        f"variant {config.get('variant') or '—'} · {summary.n_steps} steps"
-    )
-    columns = st.columns(5)
-    columns[0].metric("Step time p50", fmt_ms(summary.step_time_p50_s))
-    columns[1].metric("Tokens/s", fmt(summary.tokens_per_s, "{:,.0f}"))
-    columns[2].metric("MFU", fmt_pct(summary.mfu))
-    columns[3].metric("Peak memory", fmt_gib(summary.peak_memory_bytes),
-                      help="torch's peak allocated on a GPU; the process RSS on a CPU")
-    columns[4].metric("GPU utilization", fmt(summary.gpu_util_mean_pct, "{:.0f} %"))
+    st.caption(f"{entry.status} · {device_label(meta)} · model {model_label(meta)} · "
+               f"variant {variant_label(meta)} · {summary.n_steps} steps")
+    figures = headline_figures(summary)
+    for column, (label, text) in zip(st.columns(len(figures)), figures.items()):
+        column.metric(label, text, help=METRIC_HELP.get(label))
     st.caption(f"Warm-up: {summary.warmup.reason}.")
-    for note in entry.notes:
+    for note in entry.report.notes:
         st.warning(note)
 
 
@@ -43,8 +38,9 @@ def render(root, entries, selected) -> None:
         return
     entry = selected[0]
     headline(entry)
+    show_verdict(entry.report.verdict)
     st.subheader("Diagnoses")
-    show_findings(entry.findings)
+    show_findings(entry.report.findings)
     rank = rank_picker(entry, key="run_rank")
     with section("Charts"):
         for panel in data.run_panels(str(entry.path), entry.signature, rank):

@@ -1,4 +1,4 @@
-"""Runs page: every run under the folder with its headline figures; runs that cannot be read say why."""
+"""Runs page: every run under the folder with its verdict and headline figures; runs that cannot be read say why."""
 
 from __future__ import annotations
 
@@ -7,22 +7,21 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from gpuprof.dashboard.charts import GIB
 from gpuprof.dashboard import MAX_SELECTED_RUNS
-from gpuprof.dashboard.format import device_label
+from gpuprof.report.format import GIB, device_label, model_label, variant_label
 
 
 def _row(entry) -> dict:
-    summary, meta = entry.summary, entry.meta
-    config = meta.get("config") or {}
-    model = meta.get("model") or {}
-    severities = [finding.severity for finding in entry.findings]
+    report, meta = entry.report, entry.meta
+    summary = report.summary
+    severities = [finding.severity for finding in report.findings]
     return {
         "run": entry.name,
+        "verdict": report.verdict.headline,
         "status": entry.status,
         "device": device_label(meta),
-        "model": config.get("model_size") or model.get("class") or "—",
-        "variant": config.get("variant") or "—",
+        "model": model_label(meta),
+        "variant": variant_label(meta),
         "ranks": summary.world_size,
         "steps": summary.n_steps,
         "step p50 ms": summary.step_time_p50_s * 1e3 if summary.step_time_p50_s is not None else None,
@@ -70,5 +69,6 @@ def render(root, entries, selected) -> None:
     for entry in entries:
         if not entry.ok:
             st.warning(f"`{entry.name}` cannot be shown: {entry.error}")
-        for note in entry.notes:
+            continue
+        for note in entry.report.notes:
             st.caption(f"`{entry.name}`: {note}")

@@ -4,35 +4,31 @@ user uploads, with the raw trace to download for Perfetto."""
 from __future__ import annotations
 
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import streamlit as st
 
+from gpuprof.analysis.trace.tables import TABLE_TITLES
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import kernel_types_panel, top_kernels_panel, trace_steps_panel
+from gpuprof.dashboard.views import timeline
 from gpuprof.dashboard.views.common import section, show_panel
+from gpuprof.report import TraceWindow
+from gpuprof.report.verdict import HOW_TO_RECORD
 
 UPLOAD = "A trace file I upload"
 TRACE_FILE_HELP = "A torch.profiler Chrome trace (.json or .json.gz)."
-TABLES = (
-    ("Temporal breakdown (as HTA defines it)", "temporal_breakdown"),
-    ("Idle time by cause, per stream", "idle_by_stream"),
-    ("Computation/communication overlap", "comm_comp_overlap"),
-    ("Kernel launches", "launch_summary"),
-    ("Host-device synchronizations inside steps", "host_device_syncs"),
-    ("Matmul time in tensor-core kernels", "tensor_core_share"),
-    ("Step time across ranks", "rank_spread"),
-    ("Straggler candidates", "stragglers"),
-    ("Top CPU ops", "top_cpu_ops"),
-)
+# Tables drawn as charts (and the overview) at the top of the page; the others follow as tables.
+SHOWN_FIRST = ("overview", "step_breakdown", "kernel_type_breakdown", "top_kernels")
 
 
-def pick_files(selected) -> list[Path] | None:
-    """The trace files to analyse: a window of the selected run, or an uploaded file."""
-    windows = data.trace_windows(selected[0]) if selected else {}
+def pick_window(selected) -> TraceWindow | None:
+    """The trace to show: a window of the selected run (analysed in its report), or an uploaded file."""
+    windows = {window.name: window for window in selected[0].report.trace_windows} if selected else {}
     choice = st.selectbox(
         "Trace", [*windows, UPLOAD], key="trace_choice",
-        format_func=lambda option: option if option == UPLOAD else f"{option} ({len(windows[option])} file(s))",
+        format_func=lambda option: option if option == UPLOAD else f"{option} ({len(windows[option].files)} file(s))",
         help="A trace window of the selected run (all its ranks), or any torch.profiler trace.",
     )
     if choice != UPLOAD:
@@ -41,7 +37,8 @@ def pick_files(selected) -> list[Path] | None:
     if upload is None:
         st.info("Upload a torch.profiler Chrome trace (.json or .json.gz) to analyse it.")
         return None
-    return [saved_upload(upload)]
+    path = saved_upload(upload)
+    return data.uploaded_trace((str(path),), data.file_signature([path]))
 
 
 def saved_upload(upload) -> Path:
@@ -55,29 +52,39 @@ def saved_upload(upload) -> Path:
     return path
 
 
-def show_tables(tables: dict) -> None:
+def show_tables(tables: dict, step_links=None) -> None:
+    """`step_links(step_breakdown)`: draws links to each step's timeline (for a run's trace window)."""
     overview = tables["overview"]
     st.dataframe(overview, hide_index=True, key="trace_overview")
     if not overview["has_device_activity"].any():
         st.info("This trace has no device activity (a CPU-only run): kernel figures are empty, the CPU side is below.")
     show_panel(trace_steps_panel(tables["step_breakdown"]))
+    if step_links is not None:
+        step_links(tables["step_breakdown"])
     show_panel(kernel_types_panel(tables["kernel_type_breakdown"]))
     show_panel(top_kernels_panel(tables["top_kernels"]))
     st.dataframe(tables["top_kernels"], hide_index=True, key="top_kernels_table")
-    for title, name in TABLES:
-        st.subheader(title)
-        st.dataframe(tables[name], hide_index=True, key=f"trace_{name}")
+    for name, title in TABLE_TITLES.items():
+        if name not in SHOWN_FIRST:
+            st.subheader(title)
+            st.dataframe(tables[name], hide_index=True, key=f"trace_{name}")
 
 
 def render(root, entries, selected) -> None:
     st.header("Trace" + (f" · `{selected[0].name}`" if selected else ""))
-    files = pick_files(selected)
-    if not files:
-        if selected and not data.trace_windows(selected[0]):
-            st.caption("This run has no trace window; record one with the profile's trace_steps.")
+    window = pick_window(selected)
+    if window is None:
+        if selected and not selected[0].report.trace_windows:
+            st.caption(f"This run has no trace window. Record {HOW_TO_RECORD['trace window']}.")
         return
-    with section("Trace analysis"):
-        show_tables(data.trace_tables(tuple(map(str, files)), data.file_signature(files)))
+    files = window.files
+    from_run = bool(selected) and files[0].is_relative_to(selected[0].path)
+    links = partial(timeline.step_links, selected[0].name, files) if from_run else None
+    if window.error is not None:
+        st.error(f"Trace analysis: {window.error}")
+    else:
+        with section("Trace analysis"):
+            show_tables(window.tables, links)
     for file in files:
         st.download_button(f"Download {file.name} (open in ui.perfetto.dev)", file.read_bytes(),
                            file_name=file.name, key=f"download-{file.name}")

@@ -13,7 +13,7 @@ from gpuprof.diagnoses.registry import rule
 UNFUSED_ATTENTION = {"eager", "math", "manual"}
 
 
-@rule("attention-not-fused")
+@rule("attention-not-fused", "compute")
 def attention_not_fused(ctx):
     model = ctx.loop("model")
     implementation = model.get("attn_implementation")

@@ -23,7 +23,7 @@ def exposed_comm(trace):
     return table
 
 
-@rule("communication-bound", gpu_only=True)
+@rule("communication-bound", "communication", gpu_only=True)
 def communication_bound(ctx):
     trace = ctx.device_trace
     table = exposed_comm(trace) if trace is not None else None

@@ -35,7 +35,7 @@ def num_workers(ctx):
     return loader.get("num_workers") if loader else ctx.config_value("num_workers")
 
 
-@rule("dataloader-bound")
+@rule("dataloader-bound", "input")
 def dataloader_bound(ctx):
     data_share_pct = ctx.summary.phase_split_pct.get("data")
     if data_share_pct is None or data_share_pct < DATA_SHARE_WARNING_PCT:

@@ -12,7 +12,7 @@ EVIDENCE_RANKS = 10
 SINGLE_PROCESS_WRAPPERS = {"DataParallel"}
 
 
-@rule("rank-straggler")
+@rule("rank-straggler", "communication")
 def rank_straggler(ctx):
     # A rank's own work: the summary's per-rank median of the phases outside DDP's collectives.
     per_rank = ctx.summary.per_rank
@@ -53,7 +53,7 @@ def rank_straggler(ctx):
     )
 
 
-@rule("dataparallel")
+@rule("dataparallel", "communication")
 def dataparallel(ctx):
     model = ctx.meta.get("model") or {}
     model_class = model.get("wrapper") or model.get("class")
@@ -72,7 +72,7 @@ def dataparallel(ctx):
     )
 
 
-@rule("non-nccl-backend", gpu_only=True)
+@rule("non-nccl-backend", "communication", gpu_only=True)
 def non_nccl_backend(ctx):
     name = (ctx.meta.get("distributed") or {}).get("backend")
     if ctx.world_size < 2 or name is None or str(name).lower() == "nccl":

@@ -60,7 +60,7 @@ def _worst_rank(table):
     return table.loc[table["exposed_pct"].idxmax()]
 
 
-@rule("fsdp-exposed-collectives")
+@rule("fsdp-exposed-collectives", "communication")
 def exposed_collectives(ctx):
     table = collective_table(ctx) if sharding(ctx) is not None else None
     if table is None or table["exposed_pct"].max() < EXPOSED_WARNING_PCT:
@@ -86,7 +86,7 @@ def exposed_collectives(ctx):
     )
 
 
-@rule("fsdp-prefetch-not-overlapped", gpu_only=True)
+@rule("fsdp-prefetch-not-overlapped", "communication", gpu_only=True)
 def prefetch_not_overlapped(ctx):
     table = collective_table(ctx) if sharding(ctx) is not None else None
     if table is None:
@@ -130,7 +130,7 @@ def rank_memory(ctx) -> dict | None:
     return {"peak_bytes_per_rank": float(peak), "capacity_bytes_per_rank": float(capacity)}
 
 
-@rule("fsdp-memory-vs-ddp")
+@rule("fsdp-memory-vs-ddp", "communication")
 def memory_vs_ddp(ctx):
     facts, memory = sharding(ctx), rank_memory(ctx)
     if not facts or "model_state_bytes" not in facts or memory is None:
@@ -159,7 +159,7 @@ def memory_vs_ddp(ctx):
     )
 
 
-@rule("fsdp-reshard-after-forward")
+@rule("fsdp-reshard-after-forward", "communication")
 def reshard_after_forward(ctx):
     facts, memory, table = sharding(ctx), rank_memory(ctx), collective_table(ctx)
     reshard = facts.get("reshard_after_forward") if facts else None

@@ -14,6 +14,7 @@ from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.diagnoses.rules.numerics import detector_events
 from gpuprof.numerics.timeline import LayerGradients, SpikeDetector
+from gpuprof.run.schema import EventKind
 
 
 def replay_spikes(steps: pd.DataFrame, name: str, kind: str) -> list[dict]:
@@ -54,10 +55,10 @@ def event_summary(events: list[dict]) -> list[dict]:
     return [{"step": event["step"], **event["details"]} for event in events[:10]]
 
 
-@rule("exploding-gradients")
+@rule("exploding-gradients", "numerics")
 def exploding_gradients(ctx):
-    norm_spikes = spikes(ctx, "grad_norm", "grad_norm_spike")
-    blocks = block_outliers(ctx, "exploding_gradient")
+    norm_spikes = spikes(ctx, "grad_norm", EventKind.GRAD_NORM_SPIKE)
+    blocks = block_outliers(ctx, EventKind.EXPLODING_GRADIENT)
     if not norm_spikes and not blocks:
         return None
     first = (norm_spikes or blocks)[0]
@@ -78,9 +79,9 @@ def exploding_gradients(ctx):
     )
 
 
-@rule("vanishing-gradients")
+@rule("vanishing-gradients", "numerics")
 def vanishing_gradients(ctx):
-    blocks = block_outliers(ctx, "vanishing_gradient")
+    blocks = block_outliers(ctx, EventKind.VANISHING_GRADIENT)
     if not blocks:
         return None
     return Finding(
@@ -96,9 +97,9 @@ def vanishing_gradients(ctx):
     )
 
 
-@rule("loss-spike")
+@rule("loss-spike", "numerics")
 def loss_spike(ctx):
-    found = spikes(ctx, "loss", "loss_spike")
+    found = spikes(ctx, "loss", EventKind.LOSS_SPIKE)
     if not found:
         return None
     first = found[0]

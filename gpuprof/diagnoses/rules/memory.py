@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
+from gpuprof.run.schema import EventKind
 
 NEAR_LIMIT_WARNING_FRACTION = 0.90
 NEAR_LIMIT_CRITICAL_FRACTION = 0.97
@@ -34,10 +35,10 @@ def memory_fraction(ctx) -> tuple[float, float, float] | None:
 
 def oom_count(ctx) -> int:
     ooms = ctx.all_steps({"max": q.maximum("mem_ooms")})["max"] or 0
-    return int(max(ooms, len(ctx.events_of("oom"))))
+    return int(max(ooms, len(ctx.events_of(EventKind.OOM))))
 
 
-@rule("memory-near-limit", gpu_only=True)
+@rule("memory-near-limit", "memory", gpu_only=True)
 def memory_near_limit(ctx):
     usage = memory_fraction(ctx)
     ooms = oom_count(ctx)
@@ -64,7 +65,7 @@ def memory_near_limit(ctx):
     )
 
 
-@rule("memory-underused", gpu_only=True)
+@rule("memory-underused", "memory", gpu_only=True)
 def memory_underused(ctx):
     usage = memory_fraction(ctx)
     if usage is None or usage[0] >= UNUSED_BELOW_FRACTION or oom_count(ctx):
@@ -88,7 +89,7 @@ def memory_underused(ctx):
     )
 
 
-@rule("allocator-fragmentation", gpu_only=True)
+@rule("allocator-fragmentation", "memory", gpu_only=True)
 def allocator_fragmentation(ctx):
     gap = q.difference("mem_reserved_bytes", "mem_allocated_bytes")
     figures = ctx.all_steps({

@@ -12,15 +12,12 @@ import pandas as pd
 from gpuprof.analysis.run.summary import column, flag
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
-from gpuprof.numerics.blame import EVENT_KIND
 from gpuprof.numerics.timeline import ScalerTimeline
 from gpuprof.run import query as q
+from gpuprof.run.schema import EventKind
 
-# The event that names where a value first went non-finite (the dashboard reads it too).
-NONFINITE_EVENT_KINDS = (EVENT_KIND,)
-LR_ON_SKIPPED_EVENT = "lr_step_on_skipped_step"
 NUMERICS_COLLECTOR = "numerics"
-SCALER_TROUBLE_KINDS = ("scaler_persistent_overflow", "scaler_scale_below_one")
+SCALER_TROUBLE_KINDS = (EventKind.SCALER_PERSISTENT_OVERFLOW, EventKind.SCALER_SCALE_BELOW_ONE)
 
 
 def as_event_dicts(events: pd.DataFrame) -> list[dict]:
@@ -36,7 +33,7 @@ def numerics_ran_live(ctx) -> bool:
     """The numerics monitor was on and never switched off, so its events are complete."""
     if (ctx.meta.get("options") or {}).get("numerics", False) is False:
         return False
-    disabled = as_event_dicts(ctx.events_of("collector_disabled"))
+    disabled = as_event_dicts(ctx.events_of(EventKind.COLLECTOR_DISABLED))
     return not any(event["details"].get("collector") == NUMERICS_COLLECTOR for event in disabled)
 
 
@@ -47,14 +44,14 @@ def detector_events(ctx, kinds: tuple[str, ...], replay) -> list[dict]:
     return [event for event in replay() if event["kind"] in kinds]
 
 
-@rule("nonfinite-values")
+@rule("nonfinite-values", "numerics")
 def nonfinite_values(ctx):
     # Only the rows with a false flag come back: a run of any size has few of them.
     steps = ctx.step_rows(q.any_false("loss_finite", "grad_norm_finite"))
     bad_loss = ~flag(steps, "loss_finite", True)
     # A non-finite gradient GradScaler caught and skipped is its normal calibration, not damage.
     bad_grad = ~flag(steps, "grad_norm_finite", True) & ~flag(steps, "step_skipped", False)
-    blames = as_event_dicts(ctx.events_of(*NONFINITE_EVENT_KINDS))
+    blames = as_event_dicts(ctx.events_of(EventKind.NONFINITE))
     bad = steps[bad_loss | bad_grad]
     if bad.empty and not blames:
         return None
@@ -90,7 +87,7 @@ def replay_scaler(steps: pd.DataFrame) -> list[dict]:
     return events
 
 
-@rule("gradscaler-trouble")
+@rule("gradscaler-trouble", "numerics")
 def gradscaler_trouble(ctx):
     steps = ctx.first_rank_steps  # numerics figures are the same on every DDP rank
     if steps.empty or column(steps, "scaler_scale").isna().all():
@@ -102,7 +99,7 @@ def gradscaler_trouble(ctx):
     # Skips before the first real step are GradScaler finding its scale (benign warm-up).
     after_warmup = skipped.iloc[int(skipped.to_numpy().argmin()):] if not skipped.all() else skipped
     scale = column(steps, "scaler_scale").dropna()
-    collapsed = any(event["kind"] == "scaler_scale_below_one" for event in trouble)
+    collapsed = any(event["kind"] == EventKind.SCALER_SCALE_BELOW_ONE for event in trouble)
     return Finding(
         rule="gradscaler-trouble",
         severity="critical" if collapsed else "warning",
@@ -127,9 +124,9 @@ def gradscaler_trouble(ctx):
     )
 
 
-@rule("lr-step-on-skipped")
+@rule("lr-step-on-skipped", "numerics")
 def lr_step_on_skipped(ctx):
-    events = ctx.events_of(LR_ON_SKIPPED_EVENT)
+    events = ctx.events_of(EventKind.LR_STEP_ON_SKIPPED)
     if events.empty:
         return None
     steps = sorted(int(step) for step in events["step"].dropna().unique())

@@ -21,7 +21,7 @@ def implementation(facts: dict, on_gpu: bool) -> str:
     return "foreach" if foreach or (foreach is None and on_gpu) else "for-loop"
 
 
-@rule("unfused-optimizer")
+@rule("unfused-optimizer", "compute")
 def unfused_optimizer(ctx):
     facts = ctx.loop("optimizer")
     if not facts.get("fused_supported") or facts.get("fused"):

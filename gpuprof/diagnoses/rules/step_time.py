@@ -11,7 +11,7 @@ MIN_MEASURED_STEPS = 5
 WARMUP_INFLATION_INFO_PCT = 10.0
 
 
-@rule("step-time-variance")
+@rule("step-time-variance", "host")
 def step_time_variance(ctx):
     summary = ctx.summary
     if summary.measured_steps < MIN_MEASURED_STEPS or summary.step_time_cv is None:
@@ -41,7 +41,7 @@ def step_time_variance(ctx):
     )
 
 
-@rule("warmup-pollution")
+@rule("warmup-pollution", "host")
 def warmup_pollution(ctx):
     summary = ctx.summary
     if not summary.warmup.n_steps or not summary.step_time_mean_s:

@@ -10,7 +10,7 @@ from gpuprof.run import query as q
 THROTTLED_SHARE_WARNING_PCT = 10.0
 
 
-@rule("gpu-throttling", gpu_only=True)
+@rule("gpu-throttling", "compute", gpu_only=True)
 def gpu_throttling(ctx):
     counts = ctx.device_figures
     if not counts["samples"]:

@@ -24,7 +24,7 @@ def busy_pct(ctx) -> tuple[float, dict] | None:
     return float(100 - temporal["idle_time_pct"].mean()), {"source": "trace", "ranks": len(temporal)}
 
 
-@rule("low-gpu-utilization", gpu_only=True)
+@rule("low-gpu-utilization", "host", gpu_only=True)
 def low_gpu_utilization(ctx):
     measured = busy_pct(ctx)
     if measured is None or measured[0] >= GPU_UTIL_WARNING_PCT:

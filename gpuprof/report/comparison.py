@@ -1,5 +1,5 @@
-"""Two runs side by side (e.g. baseline vs optimized): headline figures with ratios, and
-which diagnoses appeared or disappeared."""
+"""Two runs side by side (e.g. baseline vs optimized), from their reports: headline figures
+with ratios, and which findings appeared or disappeared. Nothing is computed again."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pandas as pd
 
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.summary import RunSummary
+from gpuprof.report.build import Report
 
 # (metric, which direction is better); phase shares are compared as points of step time.
 HEADLINE_METRICS = (
@@ -32,18 +33,19 @@ SAME_WITHIN = 0.02
 
 @dataclass
 class Comparison:
-    a: RunSummary
-    b: RunSummary
+    a: Report
+    b: Report
     metrics: pd.DataFrame
     appeared: list = field(default_factory=list)
     disappeared: list = field(default_factory=list)
     persisted: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The body of `gpuprof compare --json` (docs/json-output.md)."""
         return json_safe(
             {
-                "a": {"name": self.a.name, "path": self.a.path},
-                "b": {"name": self.b.name, "path": self.b.path},
+                "a": run_ref(self.a),
+                "b": run_ref(self.b),
                 "metrics": self.metrics.to_dict(orient="records"),
                 "findings": {
                     "appeared": [finding.to_dict() for finding in self.appeared],
@@ -54,13 +56,17 @@ class Comparison:
         )
 
 
+def run_ref(report: Report) -> dict:
+    return {"name": report.summary.name, "path": report.summary.path, "verdict": report.verdict.to_dict()}
+
+
 def metric_value(summary: RunSummary, metric: str):
     if metric.endswith("_share_pct"):
         return summary.phase_split_pct.get(metric.removesuffix("_share_pct"))
     return getattr(summary, metric)
 
 
-def verdict(a, b, direction: str) -> str | None:
+def better(a, b, direction: str) -> str | None:
     """Which run is better on this metric: 'a', 'b', 'same', or None when either is unknown."""
     if a is None or b is None:
         return None
@@ -77,26 +83,21 @@ def metrics_table(a: RunSummary, b: RunSummary) -> pd.DataFrame:
         ratio = value_b / value_a if value_a and value_b is not None else None
         rows.append(
             {"metric": metric, "a": value_a, "b": value_b, "ratio_b_over_a": ratio,
-             "better": verdict(value_a, value_b, direction)}
+             "better": better(value_a, value_b, direction)}
         )
     # object dtype keeps unknown figures as None rather than NaN
     return pd.DataFrame(rows, dtype=object)
 
 
-def compare(run_a, run_b) -> Comparison:
+def compare(report_a: Report, report_b: Report) -> Comparison:
     """Run B against run A: metric ratios are B/A; findings appear when B has a rule A had not."""
-    from gpuprof.diagnoses.context import RunContext
-    from gpuprof.diagnoses.registry import diagnose_context
-
-    ctx_a, ctx_b = RunContext.of(run_a), RunContext.of(run_b)
-    findings_a, findings_b = diagnose_context(ctx_a), diagnose_context(ctx_b)
-    rules_a = {finding.rule for finding in findings_a}
-    rules_b = {finding.rule for finding in findings_b}
+    rules_a = {finding.rule for finding in report_a.findings}
+    rules_b = {finding.rule for finding in report_b.findings}
     return Comparison(
-        a=ctx_a.summary,
-        b=ctx_b.summary,
-        metrics=metrics_table(ctx_a.summary, ctx_b.summary),
-        appeared=[finding for finding in findings_b if finding.rule not in rules_a],
-        disappeared=[finding for finding in findings_a if finding.rule not in rules_b],
+        a=report_a,
+        b=report_b,
+        metrics=metrics_table(report_a.summary, report_b.summary),
+        appeared=[finding for finding in report_b.findings if finding.rule not in rules_a],
+        disappeared=[finding for finding in report_a.findings if finding.rule not in rules_b],
         persisted=sorted(rules_a & rules_b),
     )

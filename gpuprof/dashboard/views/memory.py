@@ -1,0 +1,94 @@
+"""Memory page: a run's CUDA memory snapshots (the one written on out-of-memory, and those the loop
+took with `prof.memory_snapshot()`): the allocation timeline and the largest live allocations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
+from gpuprof.dashboard import data
+from gpuprof.dashboard.downsample import lttb
+from gpuprof.dashboard.views.common import need_runs, section
+from gpuprof.report import format as formatting
+from gpuprof.report.format import GIB
+from gpuprof.run.reader import load_run
+
+PAGE = "Memory"
+RECORD_HINT = ("This run has no CUDA memory snapshot. On a CUDA device, call `prof.memory_snapshot()` in the loop "
+               "(pass `memory_history=True` to `gpuprof.profile(...)` for the allocation timeline and the stacks); "
+               "an out-of-memory error leaving the loop writes one too.")
+HISTORY_HINT = ("This snapshot holds no allocation history, only what was live when it was taken: pass "
+                "`memory_history=True` to `gpuprof.profile(...)` to record the allocator's actions and stacks.")
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _oom_snapshots(path: str, run_signature: tuple) -> set[str]:
+    """The snapshot files the run's `oom` events name (the others were taken on demand)."""
+    run = load_run(path)
+    events = run.events
+    named = events.loc[events["kind"] == "oom", "details"]
+    return {str(run.path / details["snapshot"]) for details in named if isinstance(details, dict) and "snapshot" in details}
+
+
+@st.cache_data(show_spinner="Reading the snapshot…", max_entries=8)
+def _snapshot(path: str, file_signature: tuple) -> MemorySnapshot:
+    return read_snapshot(path)
+
+
+def timeline_figure(snapshot: MemorySnapshot) -> go.Figure:
+    """Allocated and reserved GiB after each allocator action, per device (downsampled with LTTB)."""
+    timeline = snapshot.timeline
+    x = "time_us" if timeline["time_us"].notna().all() else "entry"
+    chart = go.Figure()
+    for device, actions in timeline.groupby("device"):
+        for column in ("allocated_bytes", "reserved_bytes"):
+            points = lttb(actions, x, column)
+            chart.add_scatter(x=points[x], y=points[column] / GIB, mode="lines",
+                              name=f"{column.removesuffix('_bytes')} · device {device}")
+    chart.update_layout(height=360, margin=dict(l=10, r=10, t=30, b=10), hovermode="x unified",
+                        legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"))
+    chart.update_xaxes(title_text="time (µs)" if x == "time_us" else "allocator action (oldest kept first)")
+    chart.update_yaxes(title_text="GiB")
+    return chart
+
+
+def show(snapshot: MemorySnapshot) -> None:
+    columns = st.columns(3)
+    columns[0].metric("Allocated", formatting.figure(snapshot.allocated_bytes, "bytes"))
+    columns[1].metric("Reserved", formatting.figure(snapshot.reserved_bytes, "bytes"))
+    columns[2].metric("Segments", f"{snapshot.segments:,}")
+    oom = snapshot.timeline[snapshot.timeline["action"] == "oom"]
+    if not oom.empty:
+        st.error(f"Out of memory: the last failing request asked for {formatting.figure(oom['size_bytes'].iloc[-1], 'bytes')}.")
+    st.subheader("Allocation timeline")
+    if snapshot.has_history:
+        st.plotly_chart(timeline_figure(snapshot), key="memory_timeline")
+    else:
+        st.info(HISTORY_HINT)
+    st.subheader("Largest live allocations")
+    st.dataframe(snapshot.top_allocations, hide_index=True, key="memory_top")
+
+
+def pick_snapshot(entry) -> Path | None:
+    """The snapshot to show, picked among the run's (the out-of-memory one labelled); None, saying how
+    to take one, when the run has none."""
+    files = load_run(entry.path).snapshot_files
+    if not files:
+        st.info(RECORD_HINT)
+        return None
+    oom = _oom_snapshots(str(entry.path), entry.signature)
+    return st.selectbox("Snapshot", files, key="memory_snapshot",
+                        format_func=lambda file: f"{file.name} · {'out of memory' if str(file) in oom else 'on demand'}")
+
+
+def render(root, entries, selected) -> None:
+    if not need_runs(selected, 1, PAGE):
+        return
+    st.header(f"Memory · `{selected[0].name}`")
+    choice = pick_snapshot(selected[0])
+    if choice is not None:
+        with section("Memory snapshot"):
+            show(_snapshot(str(choice), data.file_signature([choice])))

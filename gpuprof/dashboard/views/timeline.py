@@ -1,0 +1,110 @@
+"""Timeline page: one profiler step of a run's trace window, its ops per host thread and its
+kernels per device stream, thinned to what a browser draws fluidly. The Trace page links each
+step here (`?page=Timeline&run=R&window=steps-A-B&rank=0&step=N`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from gpuprof.analysis.trace.loader import Trace, load_trace
+from gpuprof.analysis.trace.timeline import StepTimeline, step_timeline, trace_steps
+from gpuprof.dashboard import data
+from gpuprof.dashboard.views.common import need_runs, section
+from gpuprof.report.verdict import HOW_TO_RECORD
+from gpuprof.run.reader import load_run
+
+PAGE = "Timeline"
+RECORD_HINT = f"This run has no trace window. Record {HOW_TO_RECORD['trace window']}."
+ROW_HEIGHT_PX = 22
+LONGEST_SHOWN = 20
+
+
+def timeline_url(run: str, window: str, rank: int, step: int) -> str:
+    """The Timeline page of one step, as a link relative to the dashboard's own URL."""
+    return "?" + urlencode({"page": PAGE, "run": run, "window": window, "rank": rank, "step": step})
+
+
+def step_links(run: str, files: list[Path], step_breakdown: pd.DataFrame) -> None:
+    """Under the Trace page's step breakdown: a link to the timeline of each step of each rank."""
+    window = files[0].parent.name
+    several_ranks = step_breakdown["rank"].nunique() > 1
+    links = [f"[step {step}{f' · rank {rank}' if several_ranks else ''}]({timeline_url(run, window, rank, step)})"
+             for rank, step in step_breakdown[["rank", "step"]].drop_duplicates().itertuples(index=False)]
+    st.markdown("**Timeline of a step** (ops and kernels per thread and stream): " + " · ".join(links))
+
+
+@st.cache_resource(show_spinner="Reading the trace…", max_entries=2)
+def _trace(files: tuple[str, ...], file_signature: tuple) -> Trace:
+    # One loaded trace serves every step and rank picked: not copied per rerun, as cache_data would.
+    return load_trace(list(files))
+
+
+@st.cache_data(show_spinner="Drawing the step…", max_entries=32)
+def _timeline(files: tuple[str, ...], file_signature: tuple, step: int, rank: int) -> StepTimeline:
+    return step_timeline(_trace(files, file_signature), step, rank)
+
+
+def _url_choice(label: str, options: list, param: str, key: str):
+    """A selectbox whose first value comes from the URL (when valid) and which writes it back there."""
+    if key not in st.session_state or st.session_state[key] not in options:
+        wanted = (st.session_state.get("page_params") or {}).get(param)
+        st.session_state[key] = next((option for option in options if str(option) == wanted), options[0])
+    choice = st.selectbox(label, options, key=key)
+    st.query_params[param] = str(choice)
+    return choice
+
+
+def figure(timeline: StepTimeline) -> go.Figure:
+    """Bars from start to end, one row per thread depth or stream, one colour per event kind."""
+    intervals = timeline.intervals
+    chart = go.Figure()
+    for kind, part in intervals.groupby("kind", sort=True):
+        chart.add_bar(
+            name=kind, orientation="h", y=part["row"], base=part["start_us"], x=part["dur_us"],
+            customdata=part[["name", "busy_us", "events"]].to_numpy(),
+            hovertemplate="%{customdata[0]}<br>%{x:,.0f} µs (busy %{customdata[1]:,.0f} µs, %{customdata[2]} events)"
+                          "<br>%{y}<extra></extra>",
+        )
+    chart.update_layout(barmode="overlay", height=80 + ROW_HEIGHT_PX * max(1, len(timeline.rows)),
+                        margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"))
+    chart.update_yaxes(categoryorder="array", categoryarray=timeline.rows[::-1])
+    chart.update_xaxes(title_text="time since the step started (µs)", range=[0, timeline.step_time_us])
+    return chart
+
+
+def show(timeline: StepTimeline) -> None:
+    st.caption(f"Step {timeline.step} on rank {timeline.rank}: {timeline.step_time_us / 1e3:,.1f} ms. "
+               f"Drew {len(timeline.intervals):,} intervals for {timeline.events:,} events: events shorter than a "
+               "pixel are merged per row and pixel, then the longest are kept. Hover for name, duration and row.")
+    st.plotly_chart(figure(timeline), key="timeline_chart")
+    st.subheader("Longest intervals drawn")
+    longest = timeline.intervals.nlargest(LONGEST_SHOWN, "dur_us")
+    st.dataframe(longest, hide_index=True, key="timeline_longest")
+
+
+def pick_window(entry) -> list[Path] | None:
+    """The files of the trace window picked among the run's; None, saying how to record one, when it has none."""
+    windows = load_run(entry.path).trace_windows
+    if not windows:
+        st.info(RECORD_HINT)
+        return None
+    return windows[_url_choice("Trace window", list(windows), "window", "timeline_window")]
+
+
+def render(root, entries, selected) -> None:
+    if not need_runs(selected, 1, PAGE):
+        return
+    st.header(f"Timeline · `{selected[0].name}`")
+    files = pick_window(selected[0])
+    if files is not None:
+        with section("Timeline"):
+            names, signature = tuple(map(str, files)), data.file_signature(files)
+            trace = _trace(names, signature)
+            rank = _url_choice("Rank", list(trace.ranks), "rank", "timeline_rank")
+            step = _url_choice("Step", trace_steps(trace, rank), "step", "timeline_step")
+            show(_timeline(names, signature, step, rank))

@@ -1,0 +1,112 @@
+"""Numbers and labels for people: the one formatting of `gpuprof analyze`/`compare`, the HTML
+report and the dashboard. Figures carry their unit in their name; these put it in the text.
+No heavy imports: the CLI loads this module before it knows what it will print."""
+
+from __future__ import annotations
+
+import math
+
+GIB = 2**30
+MISSING = "n/a"
+BINARY_PREFIXES = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def known(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(value, pattern: str = "{:,.3g}") -> str:
+    return pattern.format(value) if known(value) else MISSING
+
+
+def fmt_ms(value_s) -> str:
+    return fmt(value_s * 1e3 if known(value_s) else None, "{:,.1f} ms")
+
+
+def fmt_gib(value_bytes) -> str:
+    return fmt(value_bytes / GIB if known(value_bytes) else None, "{:.2f} GiB")
+
+
+def fmt_pct(fraction) -> str:
+    """A fraction 0-1 (MFU) as a percentage."""
+    return fmt(fraction * 100 if known(fraction) else None, "{:.1f} %")
+
+
+def fmt_share(value_pct) -> str:
+    """A share already in percent (phase shares, the verdict's share)."""
+    return fmt(value_pct, "{:.0f} %")
+
+
+def fmt_ratio(value) -> str:
+    return fmt(value, "{:.2f}×")
+
+
+def figure(value, unit: str = "") -> str:
+    """A figure with its unit: 3 significant digits, binary prefixes for bytes, ms below a second."""
+    if not known(value):
+        return MISSING
+    if unit == "s" and abs(value) < 1:
+        return f"{1000 * value:.3g} ms"
+    if unit == "bytes":
+        return _binary(value)
+    if unit == "%":
+        return f"{value:.1f} %"
+    if isinstance(value, float):
+        text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+        return f"{text} {unit}".rstrip()
+    return f"{value} {unit}".rstrip()
+
+
+def _binary(value_bytes: float) -> str:
+    index = 0
+    while abs(value_bytes) >= 1024 and index < len(BINARY_PREFIXES) - 1:
+        value_bytes /= 1024
+        index += 1
+    return f"{value_bytes:.3g} {BINARY_PREFIXES[index]}"
+
+
+def value_text(value) -> str:
+    """An evidence or event value: whole floats as integers, others to 4 significant digits."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else fmt(value, "{:.4g}")
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(value_text, value))
+    return MISSING if value is None else str(value)
+
+
+def gain_text(est_gain_pct) -> str:
+    """A finding's expected gain, or "" when its rule cannot estimate one."""
+    return f"est. gain {est_gain_pct:.0f} % of step time" if known(est_gain_pct) else ""
+
+
+def device_label(meta: dict) -> str:
+    """E.g. "cpu", "cuda: NVIDIA H100 80GB HBM3", "2 × cuda: ..."."""
+    devices = meta.get("devices") or []
+    if not devices:
+        return "unknown"
+    first = devices[0]
+    label = first.get("kind") or "unknown"
+    if first.get("kind") == "cuda" and first.get("name"):
+        label = f"cuda: {first['name']}"
+    count = max(len(devices), int(meta.get("world_size") or 1))
+    return f"{count} × {label}" if count > 1 else label
+
+
+def model_label(meta: dict) -> str:
+    """The workload's model size, else the model's class."""
+    return (meta.get("config") or {}).get("model_size") or (meta.get("model") or {}).get("class") or MISSING
+
+
+def variant_label(meta: dict) -> str:
+    return (meta.get("config") or {}).get("variant") or MISSING
+
+
+def headline_figures(summary) -> dict[str, str]:
+    """A run's headline figures as people read them: the Run page's metrics, the HTML report's table."""
+    return {
+        "Step time p50": fmt_ms(summary.step_time_p50_s),
+        "Tokens/s": fmt(summary.tokens_per_s, "{:,.0f}"),
+        "MFU": fmt_pct(summary.mfu),
+        "Peak memory": fmt_gib(summary.peak_memory_bytes),
+        "GPU utilization": fmt(summary.gpu_util_mean_pct, "{:.0f} %"),
+    }

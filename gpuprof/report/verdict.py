@@ -1,0 +1,205 @@
+"""The verdict of a run: what bounds its step, why (the measured share), and what to do next.
+
+Each share of step time comes from the signal that measures it:
+- input: the data phase (phase timings), else a device trace's data-loader time;
+- communication: a trace window (collectives hide inside backward in the phase timings);
+- compute, host/launch, memory copies: a device trace on a GPU (NVML utilization for one GPU
+  without a trace); the forward/backward/optimizer and `other` phases on a CPU.
+Critical numerics or memory trouble bounds the run whatever the timings say. A bound other than
+compute is named when its share reaches `BOUND_MIN_SHARE_PCT`; otherwise the step is bound by
+its compute, once every other bound was measured. Where one was not, the verdict names the
+missing signal and how to record it instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.diagnoses.finding import CATEGORY_TITLES
+
+# A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
+BOUND_MIN_SHARE_PCT = 15.0
+# Categories of the trace's step breakdown (gpuprof.analysis.trace.steps) behind each bound; host
+# ops (`cpu_exec`) are compute in a CPU-only trace and host work beside a device's kernels.
+TRACE_COLUMNS = {
+    "input": ("dataloader_us",),
+    "communication": ("communication_us",),
+    "memory": ("memcpy_us", "memset_us"),
+    "host": ("runtime_us", "other_us"),
+    "compute": ("kernel_us",),
+}
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+WHAT = {
+    "input": "waiting for the next batch",
+    "host": "host work and kernel launches, the device waiting",
+    "compute": "computing",
+    "communication": "communication not hidden behind compute",
+    "memory": "copying and setting memory",
+}
+NEXT_STEPS = {
+    "input": "Feed the step faster: DataLoader(num_workers=4, pin_memory=True, persistent_workers=True), "
+             "cheaper batch preparation.",
+    "host": "Cut host work per step: torch.compile or CUDA graphs for many small kernels, no .item()/print "
+            "of device values inside the step, a fused optimizer.",
+    "compute": "Make the compute cheaper: bf16 autocast, fused attention (sdpa), a fused optimizer, "
+               "torch.compile; then a larger micro-batch while memory allows.",
+    "communication": "Hide or shrink communication: overlap it with backward (DDP buckets, FSDP prefetch), "
+                     "NCCL on GPUs, fewer or larger collectives, gradient accumulation.",
+    "memory": "Lower the peak: activation checkpointing, a smaller micro-batch with gradient accumulation, bf16.",
+    "numerics": "Find the first non-finite value: the Numerics page, or gpuprof replay on its bundle.",
+}
+MISSING_WHY = {
+    "phases": "The run did not time the step's phases: waiting for data cannot be told from the work.",
+    "trace window": "Without a trace window, communication (and on a GPU, compute from launch overhead) "
+                    "cannot be told apart.",
+}
+HOW_TO_RECORD = {
+    "steps": "step records: call prof.step() once per optimizer step",
+    "phases": "phase timings: pass model= and optimizer= to gpuprof.profile (its hooks split every step), "
+              "or time the parts with prof.phase(\"data\") and friends",
+    "trace window": "a trace window: gpuprof.profile(..., trace_steps=range(10, 12)), or "
+                    "gpuprof train --trace-steps 10:12",
+    "device metrics": "NVML device samples: an NVIDIA GPU with nvidia-ml-py installed, and gpuprof.profile's "
+                      "sample_interval_s left on (default 0.1 s)",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`bound`: a diagnoses category, or None when `missing` (a signal of HOW_TO_RECORD) was not recorded."""
+
+    bound: str | None
+    share_pct: float | None
+    why: str
+    next_step: str
+    missing: str | None = None
+
+    @property
+    def headline(self) -> str:
+        if self.bound is None:
+            return f"Not enough signal to say what bounds the step: no {self.missing}"
+        share = f" ({self.share_pct:.0f} %)" if self.share_pct is not None else ""
+        return f"Bound by {CATEGORY_TITLES[self.bound]}{share}"
+
+    def to_dict(self) -> dict:
+        return json_safe({**asdict(self), "headline": self.headline})
+
+
+def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool) -> Verdict:
+    """The verdict from the run's summary, its ranked findings and its traces' step breakdown."""
+    if summary.n_steps == 0:
+        return missing("steps", "The run recorded no step.")
+    trouble = critical_trouble(summary, findings)
+    if trouble is not None:
+        return trouble
+    shares, sources = step_shares(summary, trace_steps, device_trace)
+    others = {bound: share for bound, share in shares.items() if bound != "compute" and share >= BOUND_MIN_SHARE_PCT}
+    if others:
+        bound = max(others, key=others.get)
+        return measured(bound, shares[bound], sources[bound], findings)
+    signal = missing_signal(summary, shares)
+    if signal is not None:
+        return unmeasured(signal, summary, shares)
+    return measured("compute", shares["compute"], sources["compute"], findings)
+
+
+def critical_trouble(summary, findings: list) -> Verdict | None:
+    """Non-finite training or memory at its limit (an OOM): the run's first problem, whatever its speed."""
+    for bound, share_pct, base in (("numerics", nonfinite_steps_pct(summary), "of steps non-finite"),
+                                   ("memory", peak_memory_pct(summary), "of device memory at the peak")):
+        finding = next((f for f in findings if f.category == bound and f.severity == "critical"), None)
+        if finding is not None:
+            share = f": {share_pct:.0f} % {base}" if share_pct is not None else ""
+            return Verdict(bound, share_pct, f"{finding.title}{share}.", next_step(bound, findings))
+    return None
+
+
+def nonfinite_steps_pct(summary) -> float | None:
+    health = summary.health
+    bad = max(health.get("nonfinite_loss_steps") or 0, health.get("nonfinite_grad_steps") or 0)
+    return 100 * bad / summary.n_steps if summary.n_steps else None
+
+
+def peak_memory_pct(summary) -> float | None:
+    peak = summary.peak_mem_reserved_bytes or summary.peak_mem_allocated_bytes
+    total = summary.device_mem_total_bytes
+    return 100 * peak / total if peak and total else None
+
+
+def step_shares(summary, trace_steps: pd.DataFrame, device_trace: bool) -> tuple[dict, dict]:
+    """Share of step time (pct) per bound, from the signal that measures each; and that signal's name."""
+    shares, sources = {}, {}
+    on_gpu = summary.device_kind == "cuda"
+
+    def take(values: dict, source: str, bounds) -> None:
+        for bound in bounds:
+            shares[bound], sources[bound] = values[bound], source
+
+    phases = phase_shares(summary)
+    if phases is not None:
+        take(phases, "phase timings", ("input",) if on_gpu else ("input", "host", "compute"))
+    if not trace_steps.empty:
+        trace = trace_shares(trace_steps, device_trace)
+        take(trace, "trace window", ("communication",))
+        if device_trace:
+            take(trace, "device trace", [b for b in ("input", "host", "memory", "compute") if b not in shares])
+    if on_gpu and "compute" not in shares and summary.world_size == 1 and summary.gpu_util_mean_pct is not None:
+        busy = summary.gpu_util_mean_pct
+        take({"compute": busy, "host": 100 - busy}, "NVML utilization", ("compute", "host"))
+    return shares, sources
+
+
+def phase_shares(summary) -> dict | None:
+    """Input, host and compute shares from the phase timings; None when the run did not time phases."""
+    split = summary.phase_split_pct
+    if any(split.get(phase) is None for phase in ("data", "forward", "backward")):
+        return None
+    return {"input": split["data"], "host": split.get("other") or 0.0,
+            "compute": sum(split.get(phase) or 0.0 for phase in COMPUTE_PHASES)}
+
+
+def trace_shares(steps: pd.DataFrame, device_trace: bool) -> dict:
+    """Share of traced step time per bound, over every step and rank of the trace windows."""
+    columns = {bound: list(names) for bound, names in TRACE_COLUMNS.items()}
+    columns["host" if device_trace else "compute"].append("cpu_exec_us")
+    total_us = float(steps["step_time_us"].sum())
+    return {bound: 100 * float(steps[names].to_numpy().sum()) / total_us if total_us else 0.0
+            for bound, names in columns.items()}
+
+
+def missing_signal(summary, shares: dict) -> str | None:
+    """The signal still needed before compute can be called the bound, or None when all were measured."""
+    if "input" not in shares:
+        return "phases"
+    if "communication" not in shares and summary.world_size > 1:
+        return "trace window"
+    if "compute" not in shares:
+        return "trace window" if summary.device_kind == "cuda" else "phases"
+    return None
+
+
+def measured(bound: str, share_pct: float, source: str, findings: list) -> Verdict:
+    why = f"{WHAT[bound].capitalize()}: {share_pct:.0f} % of step time ({source})."
+    return Verdict(bound, share_pct, why, next_step(bound, findings))
+
+
+def next_step(bound: str, findings: list) -> str:
+    """The fix of the top finding about this bound, else the usual first move."""
+    finding = next((f for f in findings if f.category == bound), None)
+    return f"{finding.fix} (finding {finding.rule})" if finding is not None else NEXT_STEPS[bound]
+
+
+def unmeasured(signal: str, summary, shares: dict) -> Verdict:
+    """The verdict when no measured bound stands out and `signal`, needed to rule the rest out, is missing."""
+    measured_text = ", ".join(f"{CATEGORY_TITLES[bound]} {share:.0f} %" for bound, share in shares.items())
+    why = MISSING_WHY[signal] + (f" Measured: {measured_text} of step time." if measured_text else "")
+    one_gpu = summary.device_kind == "cuda" and summary.world_size == 1
+    return missing(signal, why, alternative="device metrics" if one_gpu and signal == "trace window" else None)
+
+
+def missing(signal: str, why: str, alternative: str | None = None) -> Verdict:
+    how = HOW_TO_RECORD[signal] + (f"; or {HOW_TO_RECORD[alternative]}" if alternative else "")
+    return Verdict(None, None, why, f"Record {how}.", missing=signal)
