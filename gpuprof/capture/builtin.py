@@ -15,20 +15,22 @@ from gpuprof.capture.scaler import ScalerCollector
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector
 from gpuprof.modules import is_sharded
+from gpuprof.numerics.monitor import NumericsMonitor
+from gpuprof.numerics.tape import Tape
 
 
 def builtin_collectors(prof) -> list:
     options = prof.options
-    sampler = SystemSampler(options["sample_interval_s"]) if options["sample_interval_s"] else None
+    sampler = SystemSampler(options.sample_interval_s) if options.sample_interval_s else None
     # phases first: its backward-end stamp comes before the other collectors' work on the gradients
     collectors = [prof.phase_hooks, prof.model_info, LoopFacts(prof.model, prof.optimizer, prof.loader),
-                  sampler, MemoryCollector(prof.device, sampler), OomCollector(prof.device, options["memory_history"])]
+                  sampler, MemoryCollector(prof.device, sampler), OomCollector(prof.device, options.memory_history)]
     # an optimizer without step hooks (reported by phase_hooks) is left to the collectors that need none
     hookable_optimizer = prof.optimizer if has_step_hooks(prof.optimizer) else None
     gradients = None
-    if prof.model is not None and options["grad_norms"]:
+    if prof.model is not None and options.grad_norms:
         gradients = GradientCollector(prof.model, hookable_optimizer, prof.scaler,
-                                      options["layer_interval"], options["update_ratio_interval"])
+                                      options.layer_interval, options.update_ratio_interval)
         collectors.append(gradients)
     if hookable_optimizer is not None:
         collectors.append(OptimizerCollector(hookable_optimizer, prof.lr_scheduler, prof.scaler))
@@ -38,16 +40,13 @@ def builtin_collectors(prof) -> list:
         collectors.append(DdpCollector(prof.model))
     if is_sharded(prof.model):
         collectors.append(FsdpCollector(prof.model, prof.optimizer))
-    if prof.model is not None and options["numerics"] is not False:
-        from gpuprof.numerics.monitor import NumericsMonitor
-        from gpuprof.numerics.tape import Tape
-
+    if prof.model is not None and options.numerics is not None:
         tape = Tape(prof.model, prof.scaler)  # before the monitor: the step's tape is taken at its end
         collectors += [tape, NumericsMonitor(
-            prof.model, hookable_optimizer, prof.scaler, loss_fn=prof.loss_fn, on_nonfinite=options["on_nonfinite"],
-            options=options["numerics"] if isinstance(options["numerics"], dict) else None, gradients=gradients,
+            prof.model, hookable_optimizer, prof.scaler, loss_fn=prof.loss_fn, on_nonfinite=options.on_nonfinite,
+            options=options.numerics, gradients=gradients,
             tape=tape)]
-    if options["trace_steps"]:
-        collectors.append(TraceCollector(options["trace_steps"], options["record_shapes"],
-                                         options["profile_memory"], options["with_stack"]))
+    if options.trace_steps:
+        collectors.append(TraceCollector(options.trace_steps, options.record_shapes,
+                                         options.profile_memory, options.with_stack))
     return [collector for collector in collectors if collector is not None]

@@ -26,13 +26,16 @@ import torch
 
 from gpuprof.capture import environment, oom
 from gpuprof.capture.backward import BackwardWatcher
+from gpuprof.capture.builtin import builtin_collectors
 from gpuprof.capture.collector import CollectorSet, StepState
 from gpuprof.capture.lazy import PendingRecord, all_finite
 from gpuprof.capture.modelinfo import ModelInfo
+from gpuprof.capture.options import CaptureOptions
 from gpuprof.capture.phases import PhaseHooks, inner_optimizer
 from gpuprof.capture.timing import PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
 from gpuprof.errors import GpuprofError
+from gpuprof.numerics.options import NumericsOptions, check_policy
 from gpuprof.run import schema
 from gpuprof.run.writer import RunWriter
 
@@ -87,7 +90,7 @@ class Profiler:
         memory_history: bool = False,
         loss_fn: Any = None,
         on_nonfinite: str = "record",
-        numerics: Mapping[str, Any] | bool = True,
+        numerics: Mapping[str, Any] | NumericsOptions | bool = True,
     ):
         self.run_dir = os.fspath(run_dir)
         # a model that is not a Module (a plain function) is reported once by PhaseHooks, then ignored
@@ -97,19 +100,13 @@ class Profiler:
         self.loader = loader
         self.config = dict(config or {})
         self.name = name or os.path.basename(os.path.abspath(self.run_dir))
-        self.options = {
-            "trace_steps": sorted(set(trace_steps)) if trace_steps is not None else [],
-            "sample_interval_s": sample_interval_s or 0,
-            "grad_norms": grad_norms,
-            "layer_interval": layer_interval,
-            "update_ratio_interval": update_ratio_interval,
-            "record_shapes": record_shapes,
-            "profile_memory": profile_memory,
-            "with_stack": with_stack,
-            "memory_history": memory_history,
-            "numerics": numerics,
-            "on_nonfinite": on_nonfinite,
-        }
+        self.options = CaptureOptions(
+            trace_steps=tuple(sorted(set(trace_steps))) if trace_steps is not None else (),
+            sample_interval_s=sample_interval_s or 0, grad_norms=grad_norms, layer_interval=layer_interval,
+            update_ratio_interval=update_ratio_interval, record_shapes=record_shapes, profile_memory=profile_memory,
+            with_stack=with_stack, memory_history=memory_history, numerics=NumericsOptions.given(numerics),
+            on_nonfinite=check_policy(on_nonfinite),
+        )
         self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
         self.ranks = environment.rank_info()
         self.device = environment.resolve_device(self.model)
@@ -145,8 +142,6 @@ class Profiler:
         except OSError as error:
             raise GpuprofError(f"cannot create run directory {self.run_dir}: {error}") from None
         self._start_unix_s = time.time()
-        from gpuprof.capture.builtin import builtin_collectors
-
         for collector in [*builtin_collectors(self), *self._extra_collectors]:
             self.collectors.add(collector)
         self.collectors.call("on_start", self)
@@ -330,7 +325,7 @@ class Profiler:
             "model": self.model_info.facts(), "config": self.config,
             "compute_dtype": self.model_info.dtype,
             "peak_flops_per_s": self.model_info.peak_flops_per_s,
-            "options": self.options, "clock": self.clock.kind, **facts,
+            "options": self.options.for_meta(), "clock": self.clock.kind, **facts,
         }
 
     def _guarded(self, function, *args) -> None:

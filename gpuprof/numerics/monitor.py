@@ -15,14 +15,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
-from gpuprof.numerics import bundle
 from gpuprof.modules import eager_model, is_sharded, local_tensor
+from gpuprof.numerics import bundle
 from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
+from gpuprof.numerics.options import NumericsOptions
 from gpuprof.numerics.state import (
     StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, param_names, rng_states,
 )
@@ -32,15 +33,6 @@ from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
 
-POLICIES = ("record", "raise", "skip")
-# keep_state: "every_step" copies the pre-step state of every step (exact replay of any bad step);
-# "when_bad" copies it only once a step is seen to go bad, just before its update (no copy per step,
-# but it reads the flags at once, a sync per step on a GPU, and is blind to an update that itself
-# overflows); "auto" is "when_bad" on the CPU, where
-# seeing it costs no device sync, and "every_step" on accelerators; False keeps nothing.
-KEEP_STATE = ("auto", "every_step", "when_bad", False)
-DEFAULTS = {"state_interval": 50, "keep_state": "auto", "spike_z": 6.0, "spike_window": 50,
-            "max_reports": 1, "layer_factor": 1e3, "builder": None}
 _FLAGS = ("loss", "grads", "params", "optimizer_state", "scaler_overflow")
 PERSISTENT_OVERFLOW_STEPS = 3  # GradScaler skips in a row, after warm-up, that make it a real problem
 
@@ -58,17 +50,8 @@ class NumericsMonitor:
 
     def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, *,
                  loss_fn: Callable | None = None, on_nonfinite: str = "record",
-                 options: Mapping[str, Any] | None = None, gradients=None, tape: Tape | None = None):
-        from gpuprof.errors import GpuprofError
-
-        if on_nonfinite not in POLICIES:
-            raise GpuprofError(f"on_nonfinite must be one of {', '.join(POLICIES)}, got {on_nonfinite!r}")
-        unknown = set(options or {}) - set(DEFAULTS)
-        if unknown:
-            raise GpuprofError(f"unknown numerics option(s): {', '.join(sorted(unknown))}")
-        self.options = {**DEFAULTS, **(options or {})}
-        if self.options["keep_state"] not in KEEP_STATE:
-            raise GpuprofError(f"numerics keep_state must be one of {KEEP_STATE}, got {self.options['keep_state']!r}")
+                 options: NumericsOptions | None = None, gradients=None, tape: Tape | None = None):
+        self.options = options or NumericsOptions()
         self.model, self.optimizer = model, optimizer
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.loss_fn, self.policy = loss_fn, on_nonfinite
@@ -85,9 +68,9 @@ class NumericsMonitor:
         self._handles: list = []
         self._skip_bad: torch.Tensor | None = None
         self._scaler_timeline = ScalerTimeline()
-        self._loss_spikes = SpikeDetector(EventKind.LOSS_SPIKE, "loss", self.options["spike_z"], self.options["spike_window"])
-        self._grad_spikes = SpikeDetector(EventKind.GRAD_NORM_SPIKE, "gradient norm", self.options["spike_z"],
-                                          self.options["spike_window"])
+        self._loss_spikes = SpikeDetector(EventKind.LOSS_SPIKE, "loss", self.options.spike_z, self.options.spike_window)
+        self._grad_spikes = SpikeDetector(EventKind.GRAD_NORM_SPIKE, "gradient norm", self.options.spike_z,
+                                          self.options.spike_window)
         self._layers: LayerGradients | None = None
         self._overflow = _OverflowStreak() if self.scaler is not None else None
 
@@ -97,10 +80,10 @@ class NumericsMonitor:
         model = eager_model(self.model)
         self._names = param_names(model)  # once: the per-step path only looks names up
         self._param_names = frozenset(self._names.values())
-        self._weights = _WeightSample(model, prof.device, self.options["state_interval"])
+        self._weights = _WeightSample(model, prof.device, self.options.state_interval)
         self._zero = torch.zeros((), device=prof.device)
         self._inf = torch.full((), math.inf, device=prof.device)
-        if self.options["keep_state"] is not False:
+        if self.options.keep_state is not False:
             self._keeper = StateKeeper(prof.device)
         hook = torch._dynamo.disable(prof.collectors.guard(self, "forward_pre_hook", self._on_forward))
         self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
@@ -157,7 +140,7 @@ class NumericsMonitor:
     # ------------------------------------------------------------------ always-on path
     @property
     def _keeps_lazily(self) -> bool:
-        keep = self.options["keep_state"]
+        keep = self.options.keep_state
         return self._keeper is not None and (
             keep == "when_bad" or (keep == "auto" and self._keeper.device.type == "cpu"))
 
@@ -218,7 +201,7 @@ class NumericsMonitor:
         loss = state.loss if isinstance(state.loss, torch.Tensor) else zero
         grads = state.grad_norm if self.scaler is None and isinstance(state.grad_norm, torch.Tensor) else zero
         params = optimizer = zero
-        interval = self.options["state_interval"]
+        interval = self.options.state_interval
         if interval and state.step % interval == 0:
             model = eager_model(self.model)
             params = _absmax_of([p.detach() for p in model.parameters()], device)
@@ -255,12 +238,12 @@ class NumericsMonitor:
         if record.get("_param_grad_norms") is not None:
             if self._layers is None:
                 names = [n for n, p in eager_model(self.model).named_parameters() if p.requires_grad]
-                self._layers = LayerGradients(names, self.options["layer_factor"])
+                self._layers = LayerGradients(names, self.options.layer_factor)
             events += self._layers.observe(step, record["_param_grad_norms"])
         return events
 
     def _on_nonfinite(self, prof, step: int, flags: list[str]) -> None:
-        if self._reports >= self.options["max_reports"]:
+        if self._reports >= self.options.max_reports:
             self._later_bad_steps += 1
             return
         self._reports += 1
@@ -356,7 +339,7 @@ class NumericsMonitor:
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": inputs.rng, "micro_batches": micro_batches, "loss": loss_kind,
             "inputs": {"training": inputs.training, "autocast": inputs.autocast},
-            "builder": self.options["builder"] or bundle.builder_for(model),
+            "builder": self.options.builder or bundle.builder_for(model),
         })
 
 

@@ -1,0 +1,31 @@
+"""The Profiler's options, typed: what `gpuprof.profile(...)` was asked to record (see Profiler)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuprof.numerics.options import NumericsOptions
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    trace_steps: tuple[int, ...] = ()
+    sample_interval_s: float = 0.1  # 0: no background sampler
+    grad_norms: bool = True
+    layer_interval: int = 10
+    update_ratio_interval: int = 100
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    memory_history: bool = False
+    numerics: NumericsOptions | None = field(default_factory=NumericsOptions)  # None: off
+    on_nonfinite: str = "record"
+
+    def for_meta(self) -> dict[str, Any]:
+        """As meta.json's `options` records them (numerics off is `false`)."""
+        values = dataclasses.asdict(self)
+        values["trace_steps"] = list(self.trace_steps)
+        values["numerics"] = values["numerics"] or False
+        return values
