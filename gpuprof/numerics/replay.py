@@ -7,7 +7,6 @@ and `loss_fn` the caller passes, for models gpuprof cannot build.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
@@ -20,8 +19,6 @@ from gpuprof.numerics.forensics import LossFn, default_loss, reenact
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import TapeError, decode_micro_batch
 
-BUILDERS = {"gpt2": ("gpuprof.workloads.gpt2.faults", "replay_model"),
-            "transformers": ("gpuprof.numerics.replay", "transformers_model")}
 SAME_BLAME_FIELDS = ("step", "phase", "module", "op", "first")
 
 
@@ -75,6 +72,16 @@ def _micro_batches(contents: dict[str, Any], device: torch.device) -> list:
         raise BundleError(f"this bundle's recorded loss cannot be replayed: {error}") from None
 
 
+def gpt2_workload_model(config: dict[str, Any]) -> tuple[torch.nn.Module, LossFn]:
+    """The reference workload's model, with its fault modules, and its loss."""
+    from gpuprof.workloads.gpt2.faults import replay_model  # the workload is only needed for its own bundles
+
+    return replay_model(config)
+
+
+BUILDERS = {"gpt2": gpt2_workload_model, "transformers": transformers_model}
+
+
 def same_blame(a: Blame, b: Blame) -> bool:
     return all(getattr(a, name) == getattr(b, name) for name in SAME_BLAME_FIELDS)
 
@@ -86,8 +93,7 @@ def _model_and_loss(contents: dict[str, Any], model, loss_fn):
     if builder.get("name") not in BUILDERS:
         raise BundleError("this bundle's model cannot be rebuilt from the command line; replay it from Python "
                           "with gpuprof.numerics.replay.replay(path, model=..., loss_fn=...)")
-    module, function = BUILDERS[builder["name"]]
-    model, built_loss = getattr(importlib.import_module(module), function)(builder.get("config") or {})
+    model, built_loss = BUILDERS[builder["name"]](builder.get("config") or {})
     if contents["loss"] == "custom" and loss_fn is None:
         if built_loss is None:
             raise BundleError("this bundle's step used a custom loss_fn, which a bundle cannot carry; replay it "

@@ -21,6 +21,7 @@ from gpuprof.run.schema import EventKind
 
 
 Event = dict[str, Any]
+PERSISTENT_OVERFLOW_STEPS = 3  # GradScaler skips in a row, after warm-up, that make it a real problem
 
 
 def _event(kind: str, severity: str, message: str, step: int, **details: Any) -> Event:
@@ -30,7 +31,7 @@ def _event(kind: str, severity: str, message: str, step: int, **details: Any) ->
 class ScalerTimeline:
     """Backoffs before the first successful step are warm-up; a streak later is an overflow."""
 
-    def __init__(self, persistent_after: int = 3):
+    def __init__(self, persistent_after: int = PERSISTENT_OVERFLOW_STEPS):
         self.persistent_after = persistent_after
         self._warmed_up = False
         self._streak = 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 from numerics_helpers import VOCAB, events
 
@@ -133,3 +136,17 @@ def test_state_kept_only_when_bad_says_an_overflowing_update_may_show_as_state(t
     event = _overflowing_update_event(tmp_path, keep_state="auto")
     assert (event["step"], event["trigger"], event["phase"]) == (1, "params", "state")
     assert any("keep_state='every_step' replays it exactly" in note for note in event["notes"])
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(numerics={"keep_states": "auto"}), "unknown numerics option(s): keep_states"),
+    (dict(numerics={"keep_state": "sometimes"}), "numerics keep_state must be one of"),
+    (dict(numerics="on"), "numerics must be True, False or a dict of options"),
+    (dict(on_nonfinite="explode"), "on_nonfinite must be one of record, raise, skip"),
+])
+def test_bad_numerics_options_are_one_line_at_the_call_and_nothing_is_written(tmp_path, options, says):
+    from gpuprof.errors import GpuprofError
+
+    with pytest.raises(GpuprofError, match=re.escape(says)) as raised:
+        gpuprof.profile(tmp_path / "run", model=torch.nn.Linear(2, 2), **options)
+    assert "\n" not in str(raised.value) and not (tmp_path / "run").exists()

@@ -1,0 +1,129 @@
+"""The forensic re-run of a bad step, from the state kept for it, and the replay bundle it writes.
+
+`investigate` never raises: when the re-run cannot run or fails, what the flags saw is the
+answer, with the reason in the notes (a detection is never lost to a forensic failure).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from gpuprof.modules import is_sharded
+from gpuprof.numerics import bundle
+from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
+from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
+from gpuprof.numerics.keeping import StepKeeping
+from gpuprof.numerics.state import StepInputs
+from gpuprof.numerics.tape import VERIFY_EVERY, TapeError, encode_micro_batch
+from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, oversized_update
+
+logger = logging.getLogger("gpuprof")
+
+
+class Investigator:
+    def __init__(self, keeping: StepKeeping, *, loss_fn: Callable | None, gradients, builder: dict | None,
+                 run_dir: str, rank: int, device_type: str):
+        self.model, self.optimizer, self.scaler = keeping.model, keeping.optimizer, keeping.scaler
+        self.loss_fn = loss_fn
+        self._keeping, self._gradients, self._builder = keeping, gradients, builder
+        self._run_dir, self._rank, self._device_type = run_dir, rank, device_type
+
+    def investigate(self, step: int, trigger: str, history) -> Blame:
+        """Re-runs `step` from its kept state in forensic mode; writes the replay bundle.
+
+        Never raises: what the flags saw is the answer when the re-run cannot run or fails,
+        with the reason in the notes (a detection is never lost to a forensic failure)."""
+        blame = Blame(step=step, rank=self._rank, trigger=trigger)
+        try:
+            return self._reenact(step, blame, history)
+        except Exception as error:  # noqa: BLE001 - our failure, not the user's: report it, keep going
+            logger.warning("gpuprof: forensic re-run of step %d failed: %r", step, error)
+            blame.notes.append(f"{NOT_REPRODUCED}the forensic re-run failed ({error!r})")
+            return blame
+
+    def _reenact(self, step: int, blame: Blame, history) -> Blame:
+        if is_sharded(self.model):
+            origin = self._gradients.nonfinite_origin(step) if self._gradients is not None else None
+            return _sharded_blame(blame, origin)
+        inputs = self._keeping.inputs_of(step)
+        state = self._keeping.state_before(step)
+        if state is None:
+            blame.notes.append(NOT_REPRODUCED + "the state before this step was not kept (numerics keep_state off?)")
+            return blame
+        micro_batches, loss_fn, loss_kind, missing = self._replay_plan(inputs)
+        blame.notes += missing
+        model, optimizer, scaler = private_copy(self.model, self.optimizer, self.scaler)
+        load_state(model, optimizer, scaler, state, inputs)
+        contents = self._bundle_contents(model, optimizer, scaler, inputs, micro_batches, loss_kind)
+        found = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=blame.rank)
+        found.trigger, found.notes = blame.trigger, blame.notes + found.notes
+        found.cause = oversized_update(history, step)
+        self._explain(found, inputs)
+        self._save_bundle(found, contents)
+        return found
+
+    def _save_bundle(self, blame: Blame, contents: dict[str, Any]) -> None:
+        path = bundle.bundle_path(self._run_dir, blame.step, blame.rank)
+        try:
+            bundle.save(path, {**contents, "blame": {**blame.details(), "bundle": str(path)}})
+            blame.bundle = str(path)
+        except Exception as error:  # noqa: BLE001 - the blame stands without its bundle
+            blame.notes.append(f"no replay bundle: writing {path} failed ({error!r})")
+
+    def _explain(self, blame: Blame, inputs: StepInputs) -> None:
+        if blame.trigger == "scaler_overflow":
+            blame.notes.append(f"GradScaler skipped {PERSISTENT_OVERFLOW_STEPS}+ steps in a row up to here (or its "
+                               "scale fell below 1); skipped steps leave the weights as they were")
+        if inputs.updated_first:
+            blame.notes.append("the state was kept after this step's update, since its gradients were finite "
+                               "(numerics keep_state 'when_bad'): if the update itself overflowed it shows as "
+                               "phase 'state'; keep_state='every_step' replays it exactly")
+        if not blame.reproduced:
+            blame.notes.append(NOT_REPRODUCED + "the re-run stayed finite (a non-deterministic kernel, or state "
+                               "changed outside the model, optimizer and scaler)")
+
+    def _replay_plan(self, inputs: StepInputs) -> tuple[list, Any, str, list[str]]:
+        """(micro-batches, loss function, loss kind for the bundle, notes on what could not be kept)."""
+        if inputs.batch is not None:
+            batches = inputs.batch if isinstance(inputs.batch, list) else [inputs.batch]
+            return batches, self.loss_fn or default_loss, "custom" if self.loss_fn else "default", []
+        tape = inputs.tape
+        if tape is not None and tape.replayable:
+            assumed = [] if tape.assumed_from is None else [
+                f"backward() was taken to run on the model's own output, as gpuprof saw it do at step "
+                f"{tape.assumed_from} (checked every {VERIFY_EVERY} steps)"]
+            return list(tape.micro_batches), default_loss, "program", assumed
+        why = tape.error if tape is not None and tape.error else "no backward() was seen after the model's forward"
+        return list(tape.calls if tape is not None else []), default_loss, "default", [
+            f"the loss computation was not recorded ({why}): re-run as model(...).loss; "
+            "pass loss_fn= and prof.step(batch=...) to replay a custom loss"]
+
+    def _bundle_contents(self, model, optimizer, scaler, inputs, micro_batches, loss_kind) -> dict[str, Any]:
+        names = {id(p): n for n, p in model.named_parameters()}
+        if loss_kind == "program":
+            try:
+                micro_batches = [encode_micro_batch(micro) for micro in micro_batches]
+            except TapeError as error:
+                micro_batches, loss_kind = [], f"unavailable: {error}"
+        return bundle.to_host({
+            "step": inputs.step, "rank": self._rank, "device_type": self._device_type,
+            "model_state": model.state_dict(),
+            "optimizer": None if optimizer is None else {
+                "class": type(optimizer).__name__, "state_dict": optimizer.state_dict(),
+                "params": [names[id(p)] for g in optimizer.param_groups for p in g["params"]]},
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": inputs.rng, "micro_batches": micro_batches, "loss": loss_kind,
+            "inputs": {"training": inputs.training, "autocast": inputs.autocast},
+            "builder": self._builder or bundle.builder_for(model),
+        })
+
+
+def _sharded_blame(blame: Blame, origin: tuple[int, str] | None) -> Blame:
+    """A sharded model (FSDP2): the re-run needs every rank's shards in one process, so the flags answer."""
+    if origin is not None:
+        blame.rank, blame.tensor = origin
+        blame.notes.append(f"rank {blame.rank} held the first non-finite gradient shard, of {blame.tensor}")
+    blame.notes.append(NOT_REPRODUCED + "the model is sharded (DTensor parameters, e.g. FSDP2) and the forensic "
+                       "re-run runs on one process with the whole model")
+    return blame

@@ -1,0 +1,164 @@
+"""Keeping the state each step starts from, so that a bad step can be re-run (numerics keep_state).
+
+"every_step" (accelerators) copies the pre-step state of every step into a StateKeeper, frozen
+by the watched values when they go non-finite. "when_bad" (the CPU, where reading a value costs
+no device sync) keeps only what is small per step (RNG, hyperparameters, the batch and tape by
+reference) and copies the weights once a step is seen to go bad: just before its update when
+its gradients are non-finite, else at the step's end. Either way `inputs_of(step)` and
+`state_before(step)` give the forensic re-run what it needs until the step has been read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gpuprof.modules import eager_model, local_tensor
+from gpuprof.numerics.state import (
+    StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, param_names, rng_states,
+)
+from gpuprof.numerics.tape import autocast_now
+
+
+class StepKeeping:
+    def __init__(self, model: torch.nn.Module, optimizer, scaler, keep_state, state_interval: int, gradients=None):
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self._keep_state, self._state_interval = keep_state, state_interval
+        self._gradients = gradients  # capture's GradientCollector: its norms say whether grads are finite
+        self.keeper: StateKeeper | None = None
+        self.current: StepInputs | None = None
+        self._kept: dict[int, StepInputs] = {}
+
+    def start(self, device: torch.device, guard, owner) -> list:
+        """Sets up for `device`; returns the hook handles it put on the optimizer, guarded as `owner`'s."""
+        model = eager_model(self.model)
+        self._names = param_names(model)  # once: the per-step path only looks names up
+        self._param_names = frozenset(self._names.values())
+        self._weights = _WeightSample(model, device, self._state_interval)
+        if self._keep_state is not False:
+            self.keeper = StateKeeper(device)
+        if self.lazily and self.optimizer is not None:  # before the skip policy's hooks
+            return [self.optimizer.register_step_pre_hook(guard(owner, "optimizer_pre_hook", self._keep_if_grads_bad))]
+        return []
+
+    @property
+    def lazily(self) -> bool:
+        return self.keeper is not None and (
+            self._keep_state == "when_bad" or (self._keep_state == "auto" and self.keeper.device.type == "cpu"))
+
+    def begin(self, step: int) -> StepInputs:
+        model = eager_model(self.model)
+        every_step = self.keeper is not None and not self.lazily
+        other = self._refresh_keeper(model, step, unread_steps=bool(self._kept)) if every_step else {}
+        non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names) if every_step else {}
+        self.current = StepInputs(
+            step=step, rng=rng_states(), hyper=hyperparameters(self.optimizer), other_device=other,
+            non_tensor=non_tensor, training=model.training, autocast=autocast_now(),
+        )
+        absmax = self.keeper.param_absmax() if every_step else None  # the copy just made
+        self.current.param_absmax = absmax if absmax is not None else self._weights.absmax(step)
+        return self.current
+
+    def end(self, inputs: StepInputs, watched: torch.Tensor, flags: int) -> None:
+        """The step ended with these watched values (the first `flags` of them are flags)."""
+        self._kept[inputs.step] = inputs
+        if self.keeper is None:
+            return
+        if not self.lazily:
+            self.keeper.freeze_if(~torch.isfinite(watched[:flags]).all())
+        elif not inputs.state_kept and not all(map(math.isfinite, watched[:flags].tolist())):  # CPU: no sync
+            self._keep_now(inputs)  # no update happened, or its gradients looked finite
+
+    def inputs_of(self, step: int) -> StepInputs | None:
+        return self._kept.get(step)
+
+    def state_before(self, step: int):
+        return self.keeper.state_before(step) if self.keeper is not None and step in self._kept else None
+
+    def read(self, step: int, bad: bool) -> None:
+        """Step `step` was read (and investigated when bad): what was kept for it can go."""
+        if self.keeper is not None and bad:
+            self.keeper.unfreeze()  # frozen means "an unread bad step": this one is read now
+        self._kept = {s: i for s, i in self._kept.items() if s > step}
+        if self.keeper is not None:
+            self.keeper.release(step)
+
+    def _keep_if_grads_bad(self, optimizer, args, kwargs) -> None:
+        """Just before the update the weights are still those the step started from."""
+        if self.current is None:
+            return
+        if not all(map(math.isfinite, self._grad_norms(optimizer).tolist())):  # read on the host: no device ops
+            self._keep_now(self.current)
+        else:
+            self.current.updated_first = True
+
+    def _grad_norms(self, optimizer) -> torch.Tensor:
+        """Per-tensor gradient 2-norms: capture's, when it computed them for this backward pass.
+        (A 2-norm also trips on |g| > 1e19; the only cost of that is one copy not needed.)"""
+        norms = self._gradients.latest_norms if self._gradients is not None else None
+        if norms is not None:
+            return norms
+        grads = optimizer_grads(optimizer)
+        return torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
+
+    def _keep_now(self, inputs: StepInputs) -> None:
+        model = eager_model(self.model)
+        inputs.other_device = self._refresh_keeper(model, inputs.step, unread_steps=False)
+        inputs.non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names)  # with the tensors
+        inputs.state_kept = True
+
+    def _refresh_keeper(self, model: torch.nn.Module, step: int, unread_steps: bool) -> dict[str, torch.Tensor]:
+        """Copies the live state into the keeper; returns the tensors kept per step instead."""
+        tensors = live_tensors(model, self.optimizer, self.scaler)
+        return self.keeper.refresh(tensors, self._param_names, step, unread_steps=unread_steps)
+
+
+def optimizer_grads(optimizer) -> list[torch.Tensor]:
+    return [local_tensor(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's shards of DTensors (FSDP2), empty ones left out."""
+    return [t for t in map(local_tensor, tensors) if t.numel()]
+
+
+def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The largest |value| of every element of `tensors` (this rank's, not empty); NaN if any is NaN."""
+    if device.type == "cpu":  # there the foreach inf-norm is a scalar loop, 5-15x slower than aminmax
+        extremes = [torch.aminmax(tensor) for tensor in tensors]  # NaN propagates, like the norm
+        return torch.stack([torch.maximum(-low, high) for low, high in extremes]).float().max()
+    return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
+
+
+def absmax_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The largest |value| of this rank's floating tensors on `device` (0 for none); NaN if any is NaN."""
+    floating = [t for t in _local(tensors) if t.is_floating_point() and t.device == device]
+    return _absmax(floating, device) if floating else torch.zeros((), device=device)
+
+
+WEIGHT_SAMPLE = 1024  # elements of each weight read per step for the largest |weight| when no copy is kept
+
+
+class _WeightSample:
+    """The largest |weight| over the first WEIGHT_SAMPLE elements of each weight, per step.
+
+    What oversized_update compares from step to step; an oversized update moves every element
+    it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
+    pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
+    and re-made every `refresh_steps` steps (a weight replaced in between is seen late), so a
+    step costs three small ops.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):
+        self._model, self._device, self._refresh_steps = model, device, refresh_steps
+        self._views: list[torch.Tensor] | None = None
+
+    def absmax(self, step: int) -> torch.Tensor:
+        if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
+            weights = _local([p.detach() for p in self._model.parameters()])
+            self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
+                           if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
+        if not self._views:
+            return torch.zeros((), device=self._device)
+        return torch.cat(self._views).abs().max().float()  # NaN propagates
