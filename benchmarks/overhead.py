@@ -43,6 +43,7 @@ from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.collector import CollectorSet
 from gpuprof.capture.profiler import Profiler
 from gpuprof.capture.system import SystemSampler
+from gpuprof.numerics.keeping import StepKeeping
 from gpuprof.numerics.monitor import NumericsMonitor
 from gpuprof.numerics.tape import Tape
 from gpuprof.run.writer import StreamWriter
@@ -276,9 +277,8 @@ class HookTimer:
         self._patches.append((CollectorSet, "guard", original_guard))
         CollectorSet.guard = lambda collectors, collector, hook, function: original_guard(
             collectors, collector, hook, self.timed(_part(collector), function))
-        self.patch(NumericsMonitor, "_begin_step", "numerics: state keeping")
-        self.patch(NumericsMonitor, "_refresh_keeper", "numerics: state keeping")
-        self.patch(NumericsMonitor, "_keep_if_grads_bad", "numerics: state keeping")
+        for method in ("begin", "end", "_refresh_keeper", "_keep_if_grads_bad"):
+            self.patch(StepKeeping, method, "numerics: state keeping")
         self.patch(NumericsMonitor, "_watched_values", "numerics: flags")
         for method in ("_before_forward", "_after_forward", "take", "record_call", "close_micro_batch",
                        "_leave_window"):
