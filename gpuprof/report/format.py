@@ -76,7 +76,7 @@ def value_text(value) -> str:
 
 def gain_text(est_gain_pct) -> str:
     """A finding's expected gain, or "" when its rule cannot estimate one."""
-    return f"est. gain {est_gain_pct:.0f} % of step time" if known(est_gain_pct) else ""
+    return f"est. gain {fmt_share(est_gain_pct)} of step time" if known(est_gain_pct) else ""
 
 
 def device_label(meta: dict) -> str:
@@ -108,5 +108,5 @@ def headline_figures(summary) -> dict[str, str]:
         "Tokens/s": fmt(summary.tokens_per_s, "{:,.0f}"),
         "MFU": fmt_pct(summary.mfu),
         "Peak memory": fmt_gib(summary.peak_memory_bytes),
-        "GPU utilization": fmt(summary.gpu_util_mean_pct, "{:.0f} %"),
+        "GPU utilization": fmt_share(summary.gpu_util_mean_pct),
     }

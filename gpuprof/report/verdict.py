@@ -19,6 +19,7 @@ import pandas as pd
 
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
+from gpuprof.report.format import fmt_share
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
 BOUND_MIN_SHARE_PCT = 15.0
@@ -81,7 +82,7 @@ class Verdict:
     def headline(self) -> str:
         if self.bound is None:
             return f"Not enough signal to say what bounds the step: no {self.missing}"
-        share = f" ({self.share_pct:.0f} %)" if self.share_pct is not None else ""
+        share = f" ({fmt_share(self.share_pct)})" if self.share_pct is not None else ""
         return f"Bound by {CATEGORY_TITLES[self.bound]}{share}"
 
     def to_dict(self) -> dict:
@@ -112,7 +113,7 @@ def critical_trouble(summary, findings: list) -> Verdict | None:
                                    ("memory", peak_memory_pct(summary), "of device memory at the peak")):
         finding = next((f for f in findings if f.category == bound and f.severity == "critical"), None)
         if finding is not None:
-            share = f": {share_pct:.0f} % {base}" if share_pct is not None else ""
+            share = f": {fmt_share(share_pct)} {base}" if share_pct is not None else ""
             return Verdict(bound, share_pct, f"{finding.title}{share}.", next_step(bound, findings))
     return None
 
@@ -182,7 +183,7 @@ def missing_signal(summary, shares: dict) -> str | None:
 
 
 def measured(bound: str, share_pct: float, source: str, findings: list) -> Verdict:
-    why = f"{WHAT[bound].capitalize()}: {share_pct:.0f} % of step time ({source})."
+    why = f"{WHAT[bound].capitalize()}: {fmt_share(share_pct)} of step time ({source})."
     return Verdict(bound, share_pct, why, next_step(bound, findings))
 
 
@@ -194,7 +195,7 @@ def next_step(bound: str, findings: list) -> str:
 
 def unmeasured(signal: str, summary, shares: dict) -> Verdict:
     """The verdict when no measured bound stands out and `signal`, needed to rule the rest out, is missing."""
-    measured_text = ", ".join(f"{CATEGORY_TITLES[bound]} {share:.0f} %" for bound, share in shares.items())
+    measured_text = ", ".join(f"{CATEGORY_TITLES[bound]} {fmt_share(share)}" for bound, share in shares.items())
     why = MISSING_WHY[signal] + (f" Measured: {measured_text} of step time." if measured_text else "")
     one_gpu = summary.device_kind == "cuda" and summary.world_size == 1
     return missing(signal, why, alternative="device metrics" if one_gpu and signal == "trace window" else None)

@@ -171,11 +171,6 @@ def percentile(values: pd.Series, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def max_or_none(values: pd.Series) -> float | None:
-    values = values.dropna()
-    return float(values.max()) if len(values) else None
-
-
 def flag(steps: pd.DataFrame, name: str, default: bool) -> pd.Series:
     """A boolean column with unrecorded values taken as `default`."""
     if name not in steps.columns:
