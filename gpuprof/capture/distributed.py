@@ -44,18 +44,21 @@ class ShardReduction:
         nccl = "nccl" in str(torch.distributed.get_backend())
         self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
-    def norms(self, local: list[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Global 2-norms of each per-parameter vector in `local`, and the non-finite origin:
-        per rank, 1 + the index of its first non-finite entry of `local[0]`, or 0."""
+    def norms(self, local: list[torch.Tensor], device: torch.device,
+              known: bool = True) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Global 2-norms of each per-parameter vector in `local`; the non-finite origin: per rank,
+        1 + the index of its first non-finite entry of `local[0]`, or 0; and how many ranks sent
+        vectors they did not know (`known=False`: their part, hence the global norms, is missing)."""
         device = self._device or device
         vectors = [vector.to(device=device, dtype=torch.float32) for vector in local]
-        origin = torch.zeros(self.world_size, device=device)
+        origin = torch.zeros(self.world_size + 1, device=device)
         bad = ~torch.isfinite(vectors[0])
         origin[self.rank] = torch.where(bad.any(), bad.int().argmax() + 1, 0).float()
+        origin[-1] = 0.0 if known else 1.0
         packed = torch.cat([vector.square() for vector in vectors] + [origin])
         torch.distributed.all_reduce(packed)
-        *squares, origin = packed.split([self.n_params] * len(vectors) + [self.world_size])
-        return [square.sqrt() for square in squares], origin
+        *squares, origin = packed.split([self.n_params] * len(vectors) + [self.world_size + 1])
+        return [square.sqrt() for square in squares], origin[:-1], origin[-1]
 
     def missing(self, value: float) -> torch.Tensor:
         """What a rank sends for a vector it did not compute this step."""

@@ -10,6 +10,12 @@ Under FSDP2 (DTensor parameters) each rank computes the norms of its own shards 
 all-reduce per step, at the step's end, sums their squares over the ranks: the norms recorded
 are those `clip_grad_norm_` computes over the sharded model, the same on every rank.
 
+Every rank must reach that all-reduce every step, or the others wait for it forever. So on a
+sharded model a failure in this collector's own hooks stops its computing on that rank, not the
+collector; the rank keeps joining the all-reduce with its part marked unknown, and every rank then
+records no gradient norm. When the collector or the whole Profiler switches off on one rank
+anyway, the Profiler calls `join_step_collectives` once per `prof.step()` for the same reason.
+
 Per-layer rows (per transformer block and per parameter) go to the `layers` stream every
 `layer_interval` steps; update ratios ‖Δw‖/‖w‖ every `update_ratio_interval` steps, from a
 copy of the weights taken just before `optimizer.step()` and dropped right after it.
@@ -25,6 +31,7 @@ from gpuprof.capture.distributed import ShardReduction
 from gpuprof.capture.lazy import all_finite
 from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor
+from gpuprof.run.schema import EventKind
 
 _MAX_ORIGINS = 16  # bad steps whose origin is kept for the numerics report (the first ones)
 
@@ -74,16 +81,20 @@ class GradientCollector:
         self._ratio_step = False
         self._handles: list = []
         self._reduction = ShardReduction(len(self.params)) if is_sharded(model) and self.params else None
+        self.has_step_collectives = self._reduction is not None  # see join_step_collectives
         self._nonfinite_origins: dict[int, tuple[int, str]] = {}
+        self._step = 0
+        self._joined = False  # sharded: whether this step's all-reduce was made
+        self._failed: str | None = None  # sharded: why this rank stopped computing norms
 
     # -- hooks
     def on_start(self, prof) -> None:
+        self._prof = prof
         if self._ratio_interval:
             guard = prof.collectors.guard
-            self._handles = [
-                self._optimizer.register_step_pre_hook(guard(self, "optimizer_pre_hook", self._before_optimizer_step)),
-                self._optimizer.register_step_post_hook(guard(self, "optimizer_post_hook", self._after_optimizer_step)),
-            ]
+            before, after = self._ranks_safe(self._before_optimizer_step), self._ranks_safe(self._after_optimizer_step)
+            self._handles = [self._optimizer.register_step_pre_hook(guard(self, "optimizer_pre_hook", before)),
+                             self._optimizer.register_step_post_hook(guard(self, "optimizer_post_hook", after))]
 
     def on_close(self, prof) -> None:
         for handle in self._handles:
@@ -95,11 +106,23 @@ class GradientCollector:
         return self._grad_norms
 
     def on_step_start(self, prof, step: int) -> None:
-        self._grad_norms, self._passes, self._update_norms = None, 0, None
+        self._grad_norms, self._passes, self._update_norms, self._joined = None, 0, None, False
+        self._step = step
         self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0
 
     def on_after_backward(self, prof, step: int) -> None:
         self._passes += 1
+        self._ranks_safe(self._compute_norms)()
+
+    def join_step_collectives(self, prof) -> None:
+        """Once per step after this collector (or the whole Profiler) switched off on this rank: the
+        step's all-reduce if it was not made yet, with this rank's part unknown."""
+        self._failed = self._failed or "capture switched off on this rank"
+        if not self._joined:
+            self._reduce_over_ranks(prof.device)
+        self.on_step_start(prof, self._step + 1)
+
+    def _compute_norms(self) -> None:
         grads = [param.grad for param in self.params]
         if self._reduction is not None:  # DTensors only exist on a sharded model
             grads = [local_tensor(grad) for grad in grads]
@@ -109,8 +132,8 @@ class GradientCollector:
 
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}
-        if self._reduction is not None:
-            fields["_grad_nonfinite_origin"] = self._reduce_over_ranks(prof.device)
+        if self._reduction is not None:  # how many ranks' parts were unknown: read with the record, no sync
+            fields["_grad_nonfinite_origin"], fields["_grad_unknown_ranks"] = self._reduce_over_ranks(prof.device)
         if self._grad_norms is not None:
             total = torch.linalg.vector_norm(self._grad_norms)
             state.grad_norm = total
@@ -122,6 +145,9 @@ class GradientCollector:
         return fields
 
     def on_step_record(self, prof, record: dict) -> None:
+        if record.get("_grad_unknown_ranks"):  # a rank's part is missing: these would be partial norms
+            for key in ("grad_norm", "_param_grad_norms", "_param_delta_norms", "_param_weight_norms"):
+                record.pop(key, None)
         if "grad_norm" in record:
             record["grad_norm_finite"] = all_finite(record["grad_norm"])
         self._note_nonfinite_origin(record)
@@ -145,17 +171,39 @@ class GradientCollector:
     # -- internals
     def _reduce_over_ranks(self, device: torch.device) -> torch.Tensor:
         """Local shard norms -> global norms, on every rank every step, whatever this rank computed:
-        no gradient counts as zero (as in clip_grad_norm_), an update not seen as unknown (NaN)."""
+        no gradient counts as zero (as in clip_grad_norm_), an update not seen as unknown (NaN), and
+        nothing at all once a rank's part is unknown."""
         reduction = self._reduction
-        vectors = [self._grad_norms if self._grad_norms is not None else reduction.missing(0.0)]
+        known = self._failed is None
+        grad_norms, update_norms = (self._grad_norms, self._update_norms) if known else (None, None)
+        vectors = [grad_norms if grad_norms is not None else reduction.missing(0.0)]
         if self._ratio_step:
-            vectors += list(self._update_norms or (reduction.missing(float("nan")),) * 2)
-        (grads, *updates), origin = reduction.norms(vectors, device)
-        if self._grad_norms is not None:
-            self._grad_norms = grads
-        if self._update_norms is not None:
-            self._update_norms = tuple(updates)
-        return origin
+            vectors += list(update_norms or (reduction.missing(float("nan")),) * 2)
+        self._joined = True
+        (grads, *updates), origin, unknown_ranks = reduction.norms(vectors, device, known)
+        self._grad_norms = grads if grad_norms is not None else None
+        self._update_norms = tuple(updates) if update_norms is not None else None
+        return origin, unknown_ranks
+
+    def _ranks_safe(self, function):
+        """On a sharded model, `function` made unable to switch this collector off (see the module's doc)."""
+        if self._reduction is None:
+            return function
+
+        def safe(*args):
+            if self._failed is not None:
+                return None
+            try:
+                return function(*args)
+            except Exception as error:  # noqa: BLE001 - the other ranks must not wait for this one
+                self._failed = repr(error)
+                self._prof.event(EventKind.COLLECTOR_DISABLED, f"gradient norms stopped on this rank after "
+                                 f"{function.__name__} raised {error!r}; it keeps joining the per-step all-reduce",
+                                 severity="warning", step=self._step, collector=self.name, hook=function.__name__,
+                                 error=repr(error))
+                return None
+
+        return safe
 
     def _note_nonfinite_origin(self, record: dict) -> None:
         found = ShardReduction.first_origin(record.get("_grad_nonfinite_origin") or [])

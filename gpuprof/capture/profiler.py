@@ -122,6 +122,7 @@ class Profiler:
         self._started = self._closed = False
         self._broken = False
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
+        self._joiners: list = []  # collectors with a per-step collective every rank must make
         self._start_unix_s = None
 
     # ----------------------------------------------------------------- lifecycle
@@ -144,6 +145,7 @@ class Profiler:
         self._start_unix_s = time.time()
         for collector in [*builtin_collectors(self), *self._extra_collectors]:
             self.collectors.add(collector)
+        self._joiners = [c for c in self.collectors if getattr(c, "has_step_collectives", False)]
         self.collectors.call("on_start", self)
         if self._backward is not None:
             self._guarded(self._backward.attach)
@@ -195,11 +197,23 @@ class Profiler:
         if self._active:
             with own_work():
                 self._guarded(self._end_step, loss, tokens, batch)
+        if self._joiners and not self._closed:
+            self._join_step_collectives()
+        if self._active:
             for collector in self.collectors:
                 error = getattr(collector, "stop_training", None)
                 if error is not None:  # raised on purpose, e.g. on_nonfinite="raise"
                     collector.stop_training = None
                     raise error
+
+    def _join_step_collectives(self) -> None:
+        """A collector with a per-step collective (sharded gradient norms) that is switched off on this
+        rank, or the whole Profiler, still makes it, or the other ranks would wait for this one forever."""
+        enabled = set(map(id, self.collectors))
+        for collector in self._joiners:
+            if self._broken or id(collector) not in enabled:
+                with contextlib.suppress(Exception):
+                    collector.join_step_collectives(self)
 
     def event(self, kind: str, message: str, *, severity: str = "info", step: int | None = None, **details: Any) -> None:
         """Records a discrete event (see docs/capture.md for the kinds gpuprof itself writes)."""

@@ -1,15 +1,18 @@
 """A plain FSDP2 loop (fully_shard per GPT-2 block and on the root) under gpuprof.profile, for torchrun.
 
     torchrun --nproc_per_node 2 fsdp_loop.py RUN_DIR --steps 4 --nan-step 3 --nan-rank 1
+    torchrun --nproc_per_node 2 fsdp_loop.py RUN_DIR --steps 5 --fail-step 2 --fail-rank 1 --fail-in collector
 
 At --nan-step, rank --nan-rank writes a NaN into its own shard of NAN_PARAM's gradient (right
-after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). What the loop
-itself saw (losses, clip_grad_norm_, per-block norms) goes to RUN_DIR.seen-rankN.json.
+after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). At --fail-step, gpuprof's own code
+fails on rank --fail-rank (--fail-in: the gradient collector's norms, the Profiler before or after
+the step's all-reduce, or the gradient collector after it). What the loop itself saw (losses, clip_grad_norm_, per-block norms) goes to RUN_DIR.seen-rankN.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 from pathlib import Path
@@ -21,6 +24,26 @@ import gpuprof
 from capture_loop import batch, tiny_model
 
 NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
+# --fail-in: where gpuprof's own code raises; (module, name) of the function made to raise
+FAILURES = {
+    "collector": ("gpuprof.capture.gradients", "tensor_norms"),  # inside the collector's own hook
+    "profiler-before": ("gpuprof.capture.profiler", "_micro_batches"),  # the Profiler, before the all-reduce
+    "profiler-after": ("gpuprof.capture.profiler", "all_finite"),  # the Profiler, after it
+    "collector-after": ("gpuprof.capture.gradients", "all_finite"),  # the collector switched off after it
+}
+
+
+def fail_at(step_now: dict, step: int, where: str) -> None:
+    module, name = FAILURES[where]
+    module = importlib.import_module(module)
+    original = getattr(module, name)
+
+    def failing(*args, **kwargs):
+        if step_now["step"] == step:
+            raise RuntimeError(f"injected failure in {name}")
+        return original(*args, **kwargs)
+
+    setattr(module, name, failing)
 
 
 def main() -> None:
@@ -29,6 +52,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--nan-step", type=int)
     parser.add_argument("--nan-rank", type=int, default=1)
+    parser.add_argument("--fail-step", type=int)
+    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--fail-in", choices=FAILURES, default="collector")
     args = parser.parse_args()
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
@@ -42,6 +68,8 @@ def main() -> None:
         param = dict(model.named_parameters())[NAN_PARAM]
         param.register_post_accumulate_grad_hook(
             lambda p: p.grad.to_local().view(-1)[0].fill_(float("nan")) if step_now["step"] == args.nan_step else None)
+    if args.fail_step is not None and rank == args.fail_rank:
+        fail_at(step_now, args.fail_step, args.fail_in)
     seen = {"losses": [], "clip_norms": [], "block_norms": []}
     with gpuprof.profile(args.run_dir, model=model, optimizer=optimizer, layer_interval=1) as prof:
         for step in range(args.steps):

@@ -63,3 +63,31 @@ def test_nan_in_one_ranks_shard_names_that_rank_and_parameter(fsdp_run):
     for details in events["details"]:
         assert details["rank"] == NAN_RANK and details["tensor"] == NAN_PARAM and details["trigger"] == "grads"
         assert any("sharded" in note for note in details["notes"])  # the re-run declined, and says why
+
+
+@pytest.mark.slow
+@pytest.mark.capture_may_switch_off
+@pytest.mark.parametrize("where", ["collector", "profiler-before", "profiler-after", "collector-after"])
+def test_capture_failing_on_one_rank_never_leaves_the_others_waiting(tmp_path, where):
+    """The sharded gradient norms cost one all-reduce per step that every rank must make. When gpuprof's
+    own code fails on one rank, that rank keeps making it (its part marked unknown): training ends on
+    every rank, with the loop's own losses, and no rank records a partial norm from then on."""
+    steps, fail_step = 5, 2
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(LOOP),
+               str(run_dir), "--steps", str(steps), "--fail-step", str(fail_step), "--fail-rank", "1",
+               "--fail-in", where]
+    done = subprocess.run(command, timeout=300, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = gpuprof.load_run(run_dir)
+    healthy = run.steps[run.steps["rank"] == 0].set_index("step")
+    seen = json.loads(Path(f"{run_dir}.seen-rank0.json").read_text())
+    assert healthy.index.tolist() == list(range(steps))
+    np.testing.assert_allclose(healthy["loss"], seen["losses"], rtol=1e-6)
+    np.testing.assert_allclose(healthy["grad_norm"].loc[:fail_step - 1], seen["clip_norms"][:fail_step], rtol=1e-5)
+    first_unknown = fail_step + 1 if where.endswith("after") else fail_step
+    assert healthy["grad_norm"].loc[first_unknown:].isna().all()
+    switched_off = run.events[(run.events["rank"] == 1) & run.events["kind"].isin(
+        ["profiler_disabled", "collector_disabled"])]
+    assert switched_off["step"].tolist() == [fail_step]
