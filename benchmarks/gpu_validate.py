@@ -14,6 +14,8 @@ Sections (each guarded: a failure is recorded with its traceback and the rest st
                any synchronizing call site (CUDA only)
   forensics    `gpuprof train --inject` attn-overflow (fp16) and embedding-nan; the blame, and `gpuprof replay`
   trace        a short torch.profiler window of the optimized loop, analyzed by `gpuprof trace`
+  memory       `prof.memory_snapshot()` with `memory_history=True` on the optimized loop, read back as the
+               dashboard's Memory page reads it (CUDA only)
   analyze      `gpuprof analyze` on every recorded run
 Everything goes under OUT_DIR: runs/, logs/, trace.txt/.json, analyze/, results.json (the record, rewritten
 after every section), results.md; a short table is printed last.
@@ -49,6 +51,7 @@ import torch
 import overhead  # benchmarks/overhead.py, beside this script
 
 import gpuprof
+from gpuprof.analysis.memory_snapshot import read_snapshot
 from gpuprof.analysis.run import summarize
 from gpuprof.report.comparison import metrics_table
 from gpuprof.analysis.run.jsonable import json_safe
@@ -497,6 +500,7 @@ def cli(argv: list[str], log: Path) -> tuple[int, str]:
 
 TRACE_STEPS = range(2, 5)  # `gpuprof trace` leaves the window's last step out, as HTA does
 TRACE_TOP = 50  # kernels listed, enough to find the attention kernel
+MEMORY_STEPS = 3  # enough for the optimizer state to exist in the snapshot
 
 
 def section_trace(bench: Bench) -> dict:
@@ -516,6 +520,23 @@ def section_trace(bench: Bench) -> dict:
     (bench.out / "trace.txt").write_text(text)
     (bench.out / "trace.json").write_text(document)
     return {"window": str(window), **trace_headlines(json.loads(document)["tables"])}
+
+
+def section_memory(bench: Bench) -> dict:
+    """An on-demand CUDA memory snapshot (allocation history on), read back by the dashboard's reader."""
+    if bench.device.type != "cuda":
+        raise SectionSkipped("CUDA only: torch.cuda.memory._snapshot() needs the CUDA caching allocator")
+    workbench, run_dir = bench.workbench, bench.runs / "memory-snapshot"
+    with workbench.profile(run_dir, memory_history=True) as prof:
+        workbench.steps(prof, MEMORY_STEPS, bench.device)
+        path = prof.memory_snapshot()
+    if path is None:
+        raise RuntimeError("prof.memory_snapshot() recorded nothing on a CUDA device")
+    snapshot = read_snapshot(path)
+    top = snapshot.top_allocations.head(3)
+    return {"snapshot": str(path), "allocated_bytes": snapshot.allocated_bytes,
+            "reserved_bytes": snapshot.reserved_bytes, "segments": snapshot.segments,
+            "timeline_points": len(snapshot.timeline), "top_allocations": top.to_dict("records")}
 
 
 def trace_headlines(tables: dict) -> dict:
@@ -561,6 +582,7 @@ SECTIONS = {
     "sync_debug": section_sync_debug,
     "forensics": section_forensics,
     "trace": section_trace,
+    "memory": section_memory,
     "analyze": section_analyze,
 }
 

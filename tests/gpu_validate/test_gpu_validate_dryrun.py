@@ -37,8 +37,9 @@ def test_every_section_ran_or_says_why_not(dry_run):
     _, results, stdout = dry_run
     statuses = {name: record["status"] for name, record in results["sections"].items()}
     assert statuses == {"environment": "ok", "reference": "ok", "overhead": "ok", "sync_debug": "skipped",
-                        "forensics": "ok", "trace": "ok", "analyze": "ok"}
+                        "forensics": "ok", "trace": "ok", "memory": "skipped", "analyze": "ok"}
     assert "CUDA only" in results["sections"]["sync_debug"]["note"]
+    assert "CUDA only" in results["sections"]["memory"]["note"]
     assert results["runtime_s"] >= sum(record["duration_s"] for record in results["sections"].values())
     printed = stdout.rstrip().splitlines()
     assert printed[-1].startswith("| optimized_compiled | skipped")  # the table comes last
