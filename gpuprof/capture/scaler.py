@@ -36,7 +36,11 @@ class ScalerCollector:
 
     def on_close(self, prof) -> None:
         if self._original_update is not None:
-            del self._scaler.update  # the instance attribute; the class method shows through again
+            # back to what was there: another wrapper on this instance (gpuprof run's), else the class method
+            if getattr(self._original_update, "__self__", None) is self._scaler:
+                self._scaler.__dict__.pop("update", None)
+            else:
+                self._scaler.update = self._original_update
             self._original_update = None
 
     def on_step_start(self, prof, step: int) -> None:

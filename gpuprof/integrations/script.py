@@ -6,9 +6,13 @@ with gpuprof watching through torch's global hooks:
 - the model is the module called with grad enabled, before the first optimizer step, that holds
   the most of that optimizer's parameters (the outermost one on a tie: DDP and compile wrappers);
 - the optimizer is the first one whose `step()` runs; each of its steps ends one recorded step;
-- the DataLoader is the last one iterated before that first step (its settings go to meta.json).
+- the DataLoader is the last one iterated before that first step (its settings go to meta.json);
+- a GradScaler and an LR scheduler of that optimizer are found among the variables of the script's
+  frame that made that first step (its locals, then its module's globals): torch keeps no registry
+  of either. With a GradScaler a step ends at `scaler.update()`, which runs every iteration, where
+  `optimizer.step()` does not run on the steps the scaler skips.
 The first step is spent finding them, so recording starts when it ends: step 0 of the run is the
-script's second optimizer step.
+script's second optimizer step (under a GradScaler, the iteration after its first unskipped one).
 
 The Profiler then times the phases (gpuprof.capture.phases), gradient norms and the rest as for
 `gpuprof.profile`; tokens and the loss come from the model's calls (gpuprof.integrations.batches).
@@ -38,9 +42,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from gpuprof.capture.profiler import Profiler
 from gpuprof.errors import GpuprofError
 from gpuprof.integrations.batches import ForwardInputs
+from gpuprof.numerics.watch import outside
 
 logger = logging.getLogger("gpuprof")
 
+# Where the script's own frame is not: torch, and gpuprof itself (its hooks run inside the script's calls).
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 TRAINER_MODULES = {  # module defining the class -> (class name, gpuprof callback module)
     "transformers.trainer": ("Trainer", "gpuprof.integrations.transformers"),
     "lightning.pytorch.trainer.trainer": ("Trainer", "gpuprof.integrations.lightning"),
@@ -82,7 +89,7 @@ class ScriptRecorder:
         self.prof: Profiler | None = None
         self.callbacks: list[Any] = []  # the Trainer callbacks attached, in order
         self._called: dict[int, torch.nn.Module] = {}
-        self._optimizer = self._model = self._loader = None
+        self._optimizer = self._model = self._loader = self._scaler = self._scheduler = None
         self._loader_iter = None
         self._inputs: ForwardInputs | None = None
         self._forward_hook = None
@@ -116,6 +123,8 @@ class ScriptRecorder:
             self.prof.close(status=status)
         for callback in self.callbacks:
             callback.close(status)
+        if self._scaler is not None:  # after the Profiler's own wrapper is gone
+            self._scaler.__dict__.pop("update", None)
 
     # ------------------------------------------------------------------ discovery
     def _watch_loaders(self) -> None:
@@ -142,19 +151,36 @@ class ScriptRecorder:
         if self._optimizer is None and not self.callbacks:
             self._optimizer = optimizer
             self._model = _holder_of(optimizer, self._called.values())
+            self._scaler, self._scheduler = _loop_objects(optimizer)
+            if self._scaler is not None:
+                self._end_steps_at_scaler_updates()
             self._stop_discovery()
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if optimizer is not self._optimizer:
-            return
+        if optimizer is self._optimizer and self._scaler is None:
+            self._end_step()
+
+    def _end_step(self) -> None:
         if self.prof is None:
-            self._start_recording(optimizer)
+            self._start_recording()
         else:
             self.prof.step(loss=self._inputs.step_loss() if self._inputs else None,
                            tokens=(self._inputs.tokens or None) if self._inputs else None)
 
-    def _start_recording(self, optimizer) -> None:
-        self.prof = Profiler(self.run_dir, model=self._model, optimizer=optimizer, loader=self._loader, **self.options)
+    def _end_steps_at_scaler_updates(self) -> None:
+        """`scaler.update()` wrapped on this instance (the Profiler's own wrapper goes around it)."""
+        original, end_step = self._scaler.update, self._guarded(self._end_step)
+
+        def update(new_scale=None):
+            result = original(new_scale)
+            end_step()
+            return result
+
+        self._scaler.update = update
+
+    def _start_recording(self) -> None:
+        self.prof = Profiler(self.run_dir, model=self._model, optimizer=self._optimizer, scaler=self._scaler,
+                             lr_scheduler=self._scheduler, loader=self._loader, **self.options)
         if self._model is not None:
             self._inputs = ForwardInputs(self._model)
             self.prof.add_collector(self._inputs)
@@ -275,3 +301,16 @@ def _print_traceback(error: BaseException, script: str) -> None:
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
         tb = tb.tb_next
     traceback.print_exception(type(error), error, tb or error.__traceback__)
+
+
+def _loop_objects(optimizer) -> tuple[Any, Any]:
+    """(the enabled GradScaler, the LR scheduler of `optimizer`) that the script's frame making this
+    optimizer step holds, in its locals or else its module's globals; None for either not found."""
+    frame = outside(_LIBRARY_DIRS)
+    if frame is None:
+        return None, None
+    values = [*frame.f_locals.values(), *frame.f_globals.values()]
+    scaler = next((v for v in values if isinstance(v, torch.amp.GradScaler) and v.is_enabled()), None)
+    scheduler = next((v for v in values if isinstance(v, torch.optim.lr_scheduler.LRScheduler)
+                      and getattr(v, "optimizer", None) is optimizer), None)
+    return scaler, scheduler

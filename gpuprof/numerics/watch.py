@@ -39,11 +39,17 @@ def caller_line() -> str | None:
 
 def user_frame() -> tuple[str, int, str] | None:
     """(file, line, function) of that frame; cheap enough for the training loop (no source read)."""
-    frame = sys._getframe(1)
+    frame = outside(_LIBRARY_DIRS)
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name) if frame is not None else None
+
+
+def outside(library_dirs: tuple[str, ...]):
+    """The innermost calling frame whose code is in none of `library_dirs` (nor `<frozen ...>`)."""
+    frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
-            return filename, frame.f_lineno, frame.f_code.co_name
+        if not filename.startswith(library_dirs) and not filename.startswith("<"):
+            return frame
         frame = frame.f_back
     return None
 

@@ -106,3 +106,18 @@ def test_torchrun_ranks_share_one_default_run_dir(tmp_path):
     run = gpuprof.load_run(run_dir)
     assert run.meta["model"]["wrapper"] == "DistributedDataParallel"
     assert sorted(run.steps.groupby("rank")["step"].count().items()) == [(0, 2), (1, 2)]
+
+
+def test_a_grad_scaler_and_lr_scheduler_are_found_and_skipped_steps_are_steps(tmp_path):
+    """torch keeps no registry of GradScalers or schedulers: they are found in the script's frame. A step
+    the scaler skips runs no optimizer.step(), so with a scaler each step ends at scaler.update()."""
+    script_args = [HERE / "scaler_loop.py", "--iterations", "8", "--inf-iteration", "5"]
+    done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == bare_run(*script_args).stdout
+    steps = gpuprof.load_run(tmp_path / "run").steps.set_index("step")
+    assert steps.index.tolist() == list(range(7))  # step 0 is the second iteration
+    assert steps["step_skipped"].tolist() == [False, False, False, False, True, False, False]
+    scales = steps["scaler_scale"].tolist()
+    assert scales[4] == scales[3] / 2  # the skip halves the scale
+    assert steps["lr"].notna().all() and steps["lr"].iloc[-1] < steps["lr"].iloc[0]  # the scheduler's
