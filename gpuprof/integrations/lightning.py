@@ -12,11 +12,14 @@ torch optimizer's step, so Lightning's gradient clipping counts here). Gradient 
 at the end of each backward pass, before Lightning unscales or clips. The loss is the mean of the
 training-step losses of the step's batches, tokens the elements of each batch's `input_ids` (or of
 its first tensor). The optimizer, the GradScaler of `precision="16-mixed"`, the first LR scheduler
-and the train DataLoader are Lightning's own.
+and the train DataLoader are Lightning's own. NaN forensics re-runs a bad step's batches through
+`training_step` on a copy of the module (Lightning calls it, not the module's forward), so blames
+name modules as the LightningModule holds them (`model.transformer.h.1.mlp`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -43,6 +46,7 @@ class _StepSums:
         self._handle = None
         self.loss_sum: torch.Tensor | None = None
         self.tokens = 0
+        self.batches: list[Any] = []  # by reference, for NaN forensics
         self.optimizer_stepped = False
 
     def on_start(self, prof) -> None:
@@ -55,10 +59,11 @@ class _StepSums:
             self._handle.remove()
 
     def on_step_start(self, prof, step: int) -> None:
-        self.loss_sum, self.tokens, self.optimizer_stepped = None, 0, False
+        self.loss_sum, self.tokens, self.batches, self.optimizer_stepped = None, 0, [], False
 
     def add_batch(self, batch: Any) -> None:
         self.tokens += batch_tokens(batch)
+        self.batches.append(batch)
 
     def add_outputs(self, outputs: Any) -> None:
         """Lightning's batch outputs hold the training-step loss divided by accumulate_grad_batches."""
@@ -84,6 +89,7 @@ class GpuprofCallback(pl.Callback):
             "scaler": getattr(trainer.precision_plugin, "scaler", None),
             "lr_scheduler": schedulers[0].scheduler if schedulers else None,
             "loader": trainer.train_dataloader,
+            "loss_fn": functools.partial(training_step_loss, trainer.precision_plugin),
             **self.options,
             "config": {**_config(trainer, pl_module), **self.options.get("config", {})},
         }
@@ -120,7 +126,7 @@ class GpuprofCallback(pl.Callback):
         self._call("add_outputs", outputs)
         if self._sums.optimizer_stepped:
             self.prof.end_phase("optimizer")  # the GradScaler may have skipped the torch step and its hook
-            self.prof.step(loss=self._sums.loss_sum, tokens=self._sums.tokens or None)
+            self.prof.step(loss=self._sums.loss_sum, tokens=self._sums.tokens or None, batch=self._sums.batches)
         self.prof.begin_phase("data")
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -143,6 +149,14 @@ class GpuprofCallback(pl.Callback):
         if self.prof is not None:
             self.prof.close(status=status)
             self.prof = None
+
+
+def training_step_loss(precision, module: pl.LightningModule, batch: Any) -> torch.Tensor:
+    """The loss of one batch as Lightning computes it: `training_step` under the precision plugin's
+    autocast, its tensor or its dict's "loss"."""
+    with precision.forward_context():
+        output = module.training_step(batch, 0)
+    return output["loss"] if isinstance(output, dict) else output
 
 
 def _config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 "every_step" (accelerators) copies the pre-step state of every step into a StateKeeper, frozen
 by the watched values when they go non-finite. "when_bad" (the CPU, where reading a value costs
 no device sync) keeps only what is small per step (RNG, hyperparameters, the batch and tape by
-reference) and copies the weights once a step is seen to go bad: just before its update when
-its gradients are non-finite, else at the step's end. Either way `inputs_of(step)` and
+reference) and copies the weights once a step is seen to go bad: at the end of a backward pass
+whose gradients are non-finite (before the update, also where the loop runs forward and backward
+inside `optimizer.step(closure)`, as Lightning does), else at the step's end. Either way `inputs_of(step)` and
 `state_before(step)` give the forensic re-run what it needs until the step has been read.
 """
 
@@ -30,17 +31,13 @@ class StepKeeping:
         self.current: StepInputs | None = None
         self._kept: dict[int, StepInputs] = {}
 
-    def start(self, device: torch.device, guard, owner) -> list:
-        """Sets up for `device`; returns the hook handles it put on the optimizer, guarded as `owner`'s."""
+    def start(self, device: torch.device) -> None:
         model = eager_model(self.model)
         self._names = param_names(model)  # once: the per-step path only looks names up
         self._param_names = frozenset(self._names.values())
         self._weights = _WeightSample(model, device, self._state_interval)
         if self._keep_state is not False:
             self.keeper = StateKeeper(device)
-        if self.lazily and self.optimizer is not None:  # before the skip policy's hooks
-            return [self.optimizer.register_step_pre_hook(guard(owner, "optimizer_pre_hook", self._keep_if_grads_bad))]
-        return []
 
     @property
     def lazily(self) -> bool:
@@ -84,22 +81,25 @@ class StepKeeping:
         if self.keeper is not None:
             self.keeper.release(step)
 
-    def _keep_if_grads_bad(self, optimizer, args, kwargs) -> None:
-        """Just before the update the weights are still those the step started from."""
-        if self.current is None:
+    def after_backward(self) -> None:
+        """The end of a backward pass comes before this step's update: the weights are still those the
+        step started from, so gradients that went non-finite are the moment to copy them."""
+        inputs = self.current
+        if not self.lazily or inputs is None or inputs.state_kept:
             return
-        if not all(map(math.isfinite, self._grad_norms(optimizer).tolist())):  # read on the host: no device ops
-            self._keep_now(self.current)
+        if all(map(math.isfinite, self._grad_norms().tolist())):  # read on the host: no device ops
+            inputs.updated_first = True  # an update may follow before anything else is seen to go bad
         else:
-            self.current.updated_first = True
+            self._keep_now(inputs)
+            inputs.updated_first = False  # an earlier micro-batch's finite gradients updated nothing yet
 
-    def _grad_norms(self, optimizer) -> torch.Tensor:
+    def _grad_norms(self) -> torch.Tensor:
         """Per-tensor gradient 2-norms: capture's, when it computed them for this backward pass.
         (A 2-norm also trips on |g| > 1e19; the only cost of that is one copy not needed.)"""
         norms = self._gradients.latest_norms if self._gradients is not None else None
         if norms is not None:
             return norms
-        grads = optimizer_grads(optimizer)
+        grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
         return torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
 
     def _keep_now(self, inputs: StepInputs) -> None:
@@ -112,10 +112,6 @@ class StepKeeping:
         """Copies the live state into the keeper; returns the tensors kept per step instead."""
         tensors = live_tensors(model, self.optimizer, self.scaler)
         return self.keeper.refresh(tensors, self._param_names, step, unread_steps=unread_steps)
-
-
-def optimizer_grads(optimizer) -> list[torch.Tensor]:
-    return [local_tensor(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
 def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ from gpuprof.numerics.keeping import StepKeeping, absmax_of
 from gpuprof.numerics.options import NumericsOptions
 from gpuprof.numerics.skip import SkipBadUpdates
 from gpuprof.numerics.state import StepInputs, live_tensors
-from gpuprof.numerics.tape import Tape
+from gpuprof.numerics.tape import Tape, autocast_now
 from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
 from gpuprof.run.schema import EventKind
 
@@ -69,6 +69,7 @@ class NumericsMonitor:
         self._grad_spikes = SpikeDetector(EventKind.GRAD_NORM_SPIKE, "gradient norm", self.options.spike_z,
                                           self.options.spike_window)
         self._layers: LayerGradients | None = None
+        self._begun_at_phase = False  # the step's keeping began at prof.phase("forward"), not at a model call
         self._overflow = _OverflowStreak() if self.scaler is not None else None
 
     # ------------------------------------------------------------------ collector hooks
@@ -82,7 +83,7 @@ class NumericsMonitor:
         guard = prof.collectors.guard
         hook = torch._dynamo.disable(guard(self, "forward_pre_hook", self._on_forward))
         self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
-        self._handles += self._keeping.start(prof.device, guard, self)
+        self._keeping.start(prof.device)
         if self.policy == "skip" and self.optimizer is not None:
             self._handles += SkipBadUpdates(self._keeping, prof.device).hooks(self.optimizer, guard, self)
 
@@ -96,6 +97,17 @@ class NumericsMonitor:
 
     def on_step_start(self, prof, step: int) -> None:
         self._keeping.current = None
+        self._begun_at_phase = False
+
+    def on_after_backward(self, prof, step: int) -> None:
+        self._keeping.after_backward()
+
+    def on_phase_begin(self, prof, name: str) -> None:
+        """A loop (or integration) that marks its forward phase starts the step's keeping there, also
+        when its model's own forward is never called (Lightning calls `training_step`)."""
+        if name == "forward" and self._keeping.current is None and torch.is_grad_enabled():
+            self._keeping.begin(prof.step_index)
+            self._begun_at_phase = True
 
     def on_step_end(self, prof, state) -> dict:
         inputs = self._keeping.current or self._keeping.begin(state.step)
@@ -127,6 +139,9 @@ class NumericsMonitor:
             return  # evaluation inside the loop is not part of the step
         if self._keeping.current is None:
             self._keeping.begin(self._prof.step_index)
+        elif self._begun_at_phase:  # the loop enters autocast inside its forward phase
+            self._keeping.current.autocast = autocast_now()
+        self._begun_at_phase = False
 
     def _watched_values(self, state, inputs: StepInputs) -> torch.Tensor:
         """One float vector, non-finite where a flag of _FLAGS is raised, then the largest |weight|.

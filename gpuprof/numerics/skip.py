@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from gpuprof.modules import eager_model
-from gpuprof.numerics.keeping import StepKeeping, absmax_of, optimizer_grads
+from gpuprof.modules import eager_model, local_tensor
+from gpuprof.numerics.keeping import StepKeeping, absmax_of
 from gpuprof.numerics.state import live_tensors
 
 
@@ -39,3 +39,7 @@ class SkipBadUpdates:
             restored = [torch.where(self._bad, old, t) for old, t in zip(before, live.values())]
             torch._foreach_copy_(list(live.values()), restored)
         self._bad = None
+
+
+def optimizer_grads(optimizer) -> list[torch.Tensor]:
+    return [local_tensor(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

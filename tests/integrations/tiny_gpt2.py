@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=None, help="raise in this optimizer step")
     parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel over gloo, under torchrun")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--nan-embedding-at", type=int, default=None, help="a NaN into the token embedding then")
     args = parser.parse_args()
     model = tiny_model()
     if args.ddp:
@@ -73,6 +74,9 @@ def main() -> None:
     for step in range(args.steps):
         if step == args.fail_at:
             raise RuntimeError(f"failing on purpose at step {step}")
+        if step == args.nan_embedding_at:
+            with torch.no_grad():
+                model.transformer.wte.weight[0] = float("nan")
         for _ in range(args.accumulation):
             tokens = next(loader)["input_ids"]
             loss = next_token_loss(model(tokens).logits, tokens) / args.accumulation

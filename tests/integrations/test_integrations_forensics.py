@@ -1,0 +1,90 @@
+"""NaN forensics through every way in: the Hugging Face Trainer and Lightning callbacks, an Accelerate
+loop and `gpuprof run` on an unmodified script. Each gets the blame the same fault gets in a plain loop
+(tests/numerics): the step, pass, module, op and first value."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from accelerate import Accelerator
+from lightning_gpt2 import TinyGpt2Module, quiet_trainer
+from numerics.numerics_helpers import events
+from test_integrations_run import HERE, gpuprof_run
+from tiny_gpt2 import BATCH, RandomTokens, tiny_model
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+import gpuprof
+from gpuprof.integrations.lightning import GpuprofCallback as LightningCallback
+from gpuprof.integrations.transformers import GpuprofCallback as TrainerGpuprofCallback
+from gpuprof.workloads.gpt2.faults import Injector, parse
+
+FAULT_STEP = 2
+# sqrt-zero: the last block's MLP gate turns its input to 0, so only the backward pass goes non-finite
+SQRT_ZERO = (FAULT_STEP, "backward", "transformer.h.1.mlp", "aten::div", "inf")
+
+
+def blame(run_dir) -> tuple:
+    [event] = events(run_dir, "nonfinite")
+    return event["step"], event["phase"], event["module"], event["op"], event["first"]
+
+
+def test_a_trainer_run_gets_the_blame(tmp_path):
+    injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
+    model = injector.prepare_model(tiny_model())
+
+    class Fault(TrainerCallback):  # the user's own code, breaking the model at a step
+        def on_step_begin(self, args, state, control, **kwargs):
+            injector.before_step(state.global_step, model)
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH,
+                             gradient_accumulation_steps=2, max_steps=FAULT_STEP + 1, report_to=[], use_cpu=True,
+                             save_strategy="no", max_grad_norm=1.0, learning_rate=1e-3)
+    Trainer(model=model, args=args, train_dataset=RandomTokens(),
+            callbacks=[Fault(), TrainerGpuprofCallback(sample_interval_s=0)]).train()
+    assert blame(tmp_path / "out" / "gpuprof") == SQRT_ZERO
+
+
+def test_a_lightning_fit_gets_the_blame(tmp_path):
+    injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
+    module = TinyGpt2Module()
+    injector.prepare_model(module.model)
+
+    class Fault(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            injector.before_step(trainer.global_step, pl_module.model)
+
+    loader = torch.utils.data.DataLoader(RandomTokens(), batch_size=BATCH)
+    quiet_trainer(max_steps=FAULT_STEP + 1, accumulate_grad_batches=2, default_root_dir=tmp_path,
+                  callbacks=[Fault(), LightningCallback(tmp_path / "run", sample_interval_s=0)]).fit(module, loader)
+    step, phase, module_name, op, first = SQRT_ZERO  # the module as the LightningModule holds it
+    assert blame(tmp_path / "run") == (step, phase, f"model.{module_name}", op, first)
+
+
+def test_an_accelerate_loop_gets_the_blame(tmp_path):
+    injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = injector.prepare_model(tiny_model())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(RandomTokens(n_items=2 * (FAULT_STEP + 1) * BATCH), batch_size=BATCH)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, loader=loader,
+                         sample_interval_s=0) as prof:
+        for batch in loader:
+            injector.before_step(prof.step_index, model)
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                prof.step(loss=loss.detach())
+    assert blame(tmp_path / "run") == SQRT_ZERO
+
+
+def test_an_unmodified_script_under_gpuprof_run_gets_the_blame(tmp_path):
+    """The script writes a NaN into its embedding before its step 3, which is the run's step 2 (the
+    script's first optimizer step is spent finding the model and optimizer)."""
+    done = gpuprof_run("--run-dir", tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "4",
+                       "--nan-embedding-at", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert blame(tmp_path / "run") == (2, "state", "transformer.wte", None, "nan")
