@@ -10,8 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprof.run.schema import EventKind
-
 PHASES = ("forward", "backward", "loss", "optimizer", "state")
 NOT_REPRODUCED = "not reproduced: "  # how a note giving the reason for no blame starts
 

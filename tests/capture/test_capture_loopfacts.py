@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 from capture_loop import BATCH, batch, tiny_model
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 import gpuprof
 

@@ -125,6 +125,6 @@ def restore(state: dict, *, model, optimizer) -> None:
         model.load_state_dict(state["model"])
     except RuntimeError as error:
         raise GpuprofError(
-            f"checkpoint does not fit this model (was it saved with another --model or --vocab-size?)"
+            "checkpoint does not fit this model (was it saved with another --model or --vocab-size?)"
         ) from error
     optimizer.load_state_dict(state["optimizer"])
