@@ -88,3 +88,22 @@ def test_an_unmodified_script_under_gpuprof_run_gets_the_blame(tmp_path):
                        "--nan-embedding-at", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     assert blame(tmp_path / "run") == (2, "state", "transformer.wte", None, "nan")
+
+
+def test_the_skip_policy_undoes_lightnings_bad_updates(tmp_path):
+    """Lightning's optimizer step runs forward and backward inside step(closure): the bad gradients are
+    only there after it, and the update they made is undone then."""
+    injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
+    module = TinyGpt2Module()
+    injector.prepare_model(module.model)
+
+    class Fault(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            injector.before_step(trainer.global_step, pl_module.model)
+
+    loader = torch.utils.data.DataLoader(RandomTokens(), batch_size=BATCH)
+    callback = LightningCallback(tmp_path / "run", sample_interval_s=0, on_nonfinite="skip")
+    quiet_trainer(max_steps=FAULT_STEP + 2, accumulate_grad_batches=1, default_root_dir=tmp_path,
+                  callbacks=[Fault(), callback]).fit(module, loader)
+    assert all(torch.isfinite(param).all() for param in module.parameters())  # every bad update undone
+    assert blame(tmp_path / "run")[:2] == (FAULT_STEP, "backward")
