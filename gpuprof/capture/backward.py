@@ -5,7 +5,7 @@ backward pass; the callback runs when the pass is complete, i.e. when every grad
 this micro-batch has been accumulated, before the user clips or steps. Any parameter the
 pass reaches will do, so after the first pass only the last two that fired keep a hook: those
 nearest the input (the embeddings), which any pass through the model reaches (a Python call
-per parameter per pass costs ~1 us each). `widen()` hooks them all again when a pass went
+per parameter per pass costs ~1 us each). `attach()` hooks them all again when a pass went
 unseen; that pass has no gradient norms. Under
 torch.distributed the callback re-queues itself once so that it runs after DDP's own
 end-of-backward callback, which finishes the gradient all-reduce.
@@ -37,9 +37,6 @@ class BackwardWatcher:
         self._is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) or initialized()
 
     def attach(self) -> None:
-        self.widen()
-
-    def widen(self) -> None:
         """A hook on every trainable parameter, narrowed again after the next pass."""
         for param in self._model.parameters():
             if param.requires_grad and param not in self._handles:

@@ -266,7 +266,7 @@ class Profiler:
         own_work_s: list[float] = []
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         if self._backward is not None and self.phase_hooks.backward_unfinished:
-            self._backward.widen()  # the parameters it kept watching were not reached this step
+            self._backward.attach()  # the parameters it kept watching were not reached this step
         state = StepState(step=self.step_index, loss=_detached(loss), tokens=tokens, batch=batch)
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),

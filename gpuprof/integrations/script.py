@@ -42,12 +42,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from gpuprof.capture.profiler import Profiler
 from gpuprof.errors import GpuprofError
 from gpuprof.integrations.batches import ForwardInputs
-from gpuprof.numerics.watch import outside
+from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
 
 logger = logging.getLogger("gpuprof")
 
-# Where the script's own frame is not: torch, and gpuprof itself (its hooks run inside the script's calls).
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 TRAINER_MODULES = {  # module defining the class -> (class name, gpuprof callback module)
     "transformers.trainer": ("Trainer", "gpuprof.integrations.transformers"),
     "lightning.pytorch.trainer.trainer": ("Trainer", "gpuprof.integrations.lightning"),
@@ -306,7 +304,7 @@ def _print_traceback(error: BaseException, script: str) -> None:
 def _loop_objects(optimizer) -> tuple[Any, Any]:
     """(the enabled GradScaler, the LR scheduler of `optimizer`) that the script's frame making this
     optimizer step holds, in its locals or else its module's globals; None for either not found."""
-    frame = outside(_LIBRARY_DIRS)
+    frame = outside((TORCH_DIR, GPUPROF_DIR))  # gpuprof's own hooks run inside the script's calls
     if frame is None:
         return None, None
     values = [*frame.f_locals.values(), *frame.f_globals.values()]

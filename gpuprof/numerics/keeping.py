@@ -87,7 +87,8 @@ class StepKeeping:
         inputs = self.current
         if not self.lazily or inputs is None or inputs.state_kept:
             return
-        if all(map(math.isfinite, self._grad_norms().tolist())):  # read on the host: no device ops
+        # a host read: free on the CPU; explicit keep_state="when_bad" on a GPU pays this sync (documented)
+        if all(map(math.isfinite, self._grad_norms().tolist())):
             inputs.updated_first = True  # an update may follow before anything else is seen to go bad
         else:
             self._keep_now(inputs)

@@ -27,9 +27,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-_GPUPROF_DIR = os.path.dirname(os.path.dirname(__file__))
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 *(os.path.join(_GPUPROF_DIR, part) + os.sep for part in ("numerics", "capture")))
+GPUPROF_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_LIBRARY_DIRS = (TORCH_DIR, *(os.path.join(GPUPROF_DIR, part) + os.sep for part in ("numerics", "capture")))
 
 
 def caller_line() -> str | None:

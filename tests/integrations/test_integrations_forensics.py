@@ -44,7 +44,8 @@ def test_a_trainer_run_gets_the_blame(tmp_path):
     assert blame(tmp_path / "out" / "gpuprof") == SQRT_ZERO
 
 
-def test_a_lightning_fit_gets_the_blame(tmp_path):
+def faulty_lightning_fit(tmp_path, steps: int, accumulation: int, **callback_options) -> TinyGpt2Module:
+    """A Lightning fit whose own callback breaks the model's MLP gate (sqrt-zero) at FAULT_STEP."""
     injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
     module = TinyGpt2Module()
     injector.prepare_model(module.model)
@@ -54,8 +55,14 @@ def test_a_lightning_fit_gets_the_blame(tmp_path):
             injector.before_step(trainer.global_step, pl_module.model)
 
     loader = torch.utils.data.DataLoader(RandomTokens(), batch_size=BATCH)
-    quiet_trainer(max_steps=FAULT_STEP + 1, accumulate_grad_batches=2, default_root_dir=tmp_path,
-                  callbacks=[Fault(), LightningCallback(tmp_path / "run", sample_interval_s=0)]).fit(module, loader)
+    callback = LightningCallback(tmp_path / "run", sample_interval_s=0, **callback_options)
+    quiet_trainer(max_steps=steps, accumulate_grad_batches=accumulation, default_root_dir=tmp_path,
+                  callbacks=[Fault(), callback]).fit(module, loader)
+    return module
+
+
+def test_a_lightning_fit_gets_the_blame(tmp_path):
+    faulty_lightning_fit(tmp_path, steps=FAULT_STEP + 1, accumulation=2)
     step, phase, module_name, op, first = SQRT_ZERO  # the module as the LightningModule holds it
     assert blame(tmp_path / "run") == (step, phase, f"model.{module_name}", op, first)
 
@@ -93,17 +100,6 @@ def test_an_unmodified_script_under_gpuprof_run_gets_the_blame(tmp_path):
 def test_the_skip_policy_undoes_lightnings_bad_updates(tmp_path):
     """Lightning's optimizer step runs forward and backward inside step(closure): the bad gradients are
     only there after it, and the update they made is undone then."""
-    injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
-    module = TinyGpt2Module()
-    injector.prepare_model(module.model)
-
-    class Fault(L.Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            injector.before_step(trainer.global_step, pl_module.model)
-
-    loader = torch.utils.data.DataLoader(RandomTokens(), batch_size=BATCH)
-    callback = LightningCallback(tmp_path / "run", sample_interval_s=0, on_nonfinite="skip")
-    quiet_trainer(max_steps=FAULT_STEP + 2, accumulate_grad_batches=1, default_root_dir=tmp_path,
-                  callbacks=[Fault(), callback]).fit(module, loader)
+    module = faulty_lightning_fit(tmp_path, steps=FAULT_STEP + 2, accumulation=1, on_nonfinite="skip")
     assert all(torch.isfinite(param).all() for param in module.parameters())  # every bad update undone
     assert blame(tmp_path / "run")[:2] == (FAULT_STEP, "backward")
