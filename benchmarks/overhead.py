@@ -277,7 +277,7 @@ class HookTimer:
         self._patches.append((CollectorSet, "guard", original_guard))
         CollectorSet.guard = lambda collectors, collector, hook, function: original_guard(
             collectors, collector, hook, self.timed(_part(collector), function))
-        for method in ("begin", "end", "_refresh_keeper", "after_backward"):
+        for method in ("begin", "end", "_refresh_keeper", "before_update"):
             self.patch(StepKeeping, method, "numerics: state keeping")
         self.patch(NumericsMonitor, "_watched_values", "numerics: flags")
         for method in ("_before_forward", "_after_forward", "take", "record_call", "close_micro_batch",

@@ -31,12 +31,13 @@ import torch
 
 @dataclass
 class StepState:
-    """What a collector sees at the end of step `step`; tensors stay on the device."""
+    """What a collector sees at the end of step `step`. Accelerator tensors stay on the device; the
+    loss and gradient norm of a CPU run are already read into floats (no sync there)."""
 
     step: int
     loss: torch.Tensor | float | None = None
     tokens: torch.Tensor | int | None = None
-    grad_norm: torch.Tensor | None = None
+    grad_norm: torch.Tensor | float | None = None
     batch: Any = None  # what prof.step(batch=...) was given
 
 

@@ -1,10 +1,18 @@
 """Gradient norms (before clipping) and update-to-weight ratios, computed on the device.
 
-At the end of every backward pass the per-parameter gradient norms are computed in one
-fused pass (`torch._foreach_norm`) and divided by the GradScaler's scale when one is in
-use, so they are the unscaled norms `clip_grad_norm_` would see. The global norm is
-their 2-norm, exactly as `clip_grad_norm_` computes it. The last backward pass of a step
-wins (under gradient accumulation that is the accumulated gradient).
+Once per step, at the first moment that sees the step's final gradients before anything changes
+them, the global gradient norm is taken as `clip_grad_norm_` computes it:
+- at the loop's own `clip_grad_norm_` (gpuprof.capture.clipping): when it covers exactly the
+  model's gradients with the 2-norm, unscaled, its total norm is the record's, at no cost; else
+  gpuprof computes the norm there, before that call clips;
+- else at `optimizer.step()`'s pre-hook (under a GradScaler, after `scaler.step()` unscaled);
+- else at the end of a backward pass that runs inside `optimizer.step(closure)` (Lightning), or
+  of every backward pass when no optimizer was given; else at `prof.step()`.
+gpuprof's own pass is one fused `torch._foreach_norm`, divided by the GradScaler's scale while the
+gradients are still scaled. Per-parameter norms are computed at that moment only on the steps that
+write per-layer rows. Under gradient accumulation the norm is that of the accumulated gradient.
+A step the GradScaler skipped reaches no clip and no optimizer hook: its norm is taken at
+`prof.step()` from whatever gradients are left (none after `zero_grad()`: no norm).
 
 Under FSDP2 (DTensor parameters) each rank computes the norms of its own shards and one
 all-reduce per step, at the step's end, sums their squares over the ranks: the norms recorded
@@ -26,9 +34,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from torch.amp.grad_scaler import OptState
 
+from gpuprof.capture import clipping
 from gpuprof.capture.distributed import ShardReduction
-from gpuprof.capture.lazy import all_finite
+from gpuprof.capture.lazy import all_finite, read_if_host
 from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor
 from gpuprof.run.schema import EventKind
@@ -70,16 +80,20 @@ class GradientCollector:
         self.params = [param for _, param in named]
         self._same_kind = len({(param.device, param.dtype) for param in self.params}) == 1  # so are their grads
         self.blocks = block_groups(self.names)
-        self._scaler = scaler
+        self._scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self._optimizer = optimizer
         self._layer_interval = layer_interval
         self._ratio_interval = update_ratio_interval if optimizer is not None else 0
-        self._grad_norms: torch.Tensor | None = None
+        self._total: torch.Tensor | None = None  # the step's global norm, once taken
+        self._param_norms: torch.Tensor | None = None  # per parameter, on layer steps (and sharded: every step)
         self._passes = 0
+        self._in_update = False  # between optimizer.step()'s pre- and post-hook
         self._weights_before: list[torch.Tensor] | None = None
         self._update_norms: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._ratio_step = False
+        self._layer_step = self._ratio_step = False
         self._handles: list = []
+        self._stop_clip_watch = lambda: None
+        self._before_update: list = []  # called with the global norm when it is taken before an update
         self._reduction = ShardReduction(len(self.params)) if is_sharded(model) and self.params else None
         self.has_step_collectives = self._reduction is not None  # see join_step_collectives
         self._nonfinite_origins: dict[int, tuple[int, str]] = {}
@@ -90,29 +104,34 @@ class GradientCollector:
     # -- hooks
     def on_start(self, prof) -> None:
         self._prof = prof
-        if self._ratio_interval:
-            guard = prof.collectors.guard
+        guard = prof.collectors.guard
+        if self._optimizer is not None:
             before, after = self._ranks_safe(self._before_optimizer_step), self._ranks_safe(self._after_optimizer_step)
             self._handles = [self._optimizer.register_step_pre_hook(guard(self, "optimizer_pre_hook", before)),
                              self._optimizer.register_step_post_hook(guard(self, "optimizer_post_hook", after))]
+        self._stop_clip_watch = clipping.watch(guard(self, "clip_grad_norm", self._ranks_safe(self._clip_seen)))
 
     def on_close(self, prof) -> None:
         for handle in self._handles:
             handle.remove()
+        self._stop_clip_watch()
 
-    @property
-    def latest_norms(self) -> torch.Tensor | None:
-        """Per-parameter gradient norms (unscaled) of the latest backward pass, on the device."""
-        return self._grad_norms
+    def call_before_update(self, listener) -> None:
+        """`listener(global_norm)` runs when the step's norm is taken before the optimizer's update
+        (the NaN forensics keep the weights then, if the norm is not finite)."""
+        self._before_update.append(listener)
 
     def on_step_start(self, prof, step: int) -> None:
-        self._grad_norms, self._passes, self._update_norms, self._joined = None, 0, None, False
+        self._total, self._param_norms, self._passes, self._update_norms, self._joined = None, None, 0, None, False
         self._step = step
+        self._layer_step = bool(self._layer_interval) and step % self._layer_interval == 0
         self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0
 
     def on_after_backward(self, prof, step: int) -> None:
         self._passes += 1
-        self._ranks_safe(self._compute_norms)()
+        self._total = self._param_norms = None  # new gradients
+        if self._in_update or self._optimizer is None:
+            self._ranks_safe(self._take_norm)(True)
 
     def join_step_collectives(self, prof) -> None:
         """Once per step after this collector (or the whole Profiler) switched off on this rank: the
@@ -122,24 +141,56 @@ class GradientCollector:
             self._reduce_over_ranks(prof.device)
         self.on_step_start(prof, self._step + 1)
 
-    def _compute_norms(self) -> None:
+    def _take_norm(self, before_update: bool) -> None:
+        """The step's norm from gpuprof's own pass, unless it is already taken."""
+        if self._total is not None or not self._passes:
+            return
         grads = [param.grad for param in self.params]
+        if all(grad is None for grad in grads):
+            return
         if self._reduction is not None:  # DTensors only exist on a sharded model
             grads = [local_tensor(grad) for grad in grads]
         norms = tensor_norms(grads, same_kind=self._same_kind)
-        scale = self._scaler_scale()
-        self._grad_norms = norms / scale.to(norms.device) if scale is not None else norms
+        scale = self._scale_still_applied()
+        norms = norms / scale.to(norms.device) if scale is not None else norms
+        self._param_norms, self._total = norms, torch.linalg.vector_norm(norms)
+        if before_update:
+            self._notify()
+
+    def _clip_seen(self, grads: list, norm_type: float, total: torch.Tensor) -> None:
+        """The loop's clip_grad_norm_ computed `total` over `grads`, which it is about to clip."""
+        if self._total is not None or not self._passes:
+            return
+        if self._reduction is None and not self._layer_step and self._is_global_norm(grads, norm_type):
+            self._total = total
+            self._notify()
+        else:
+            self._take_norm(True)
+
+    def _is_global_norm(self, grads: list, norm_type: float) -> bool:
+        """The norm this collector records: the 2-norm over the model's own, unscaled gradients."""
+        if norm_type != 2.0 or not grads or self._scale_still_applied() is not None:
+            return False
+        params = self.params
+        if len(grads) == len(params) and grads[0] is params[0].grad and grads[-1] is params[-1].grad:
+            return True  # model.parameters() as most loops pass it: the same gradients, in the same order
+        own = {id(param.grad) for param in params if param.grad is not None}
+        return len(grads) == len(own) and all(id(grad) in own for grad in grads)
+
+    def _notify(self) -> None:
+        for listener in self._before_update:
+            listener(self._total)
 
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}
+        self._ranks_safe(self._take_norm)(False)  # no clip or optimizer hook saw this step's gradients
         if self._reduction is not None:  # how many ranks' parts were unknown: read with the record, no sync
             fields["_grad_nonfinite_origin"], fields["_grad_unknown_ranks"] = self._reduce_over_ranks(prof.device)
-        if self._grad_norms is not None:
-            total = torch.linalg.vector_norm(self._grad_norms)
-            state.grad_norm = total
-            fields["grad_norm"] = total
-            if self._layer_interval and state.step % self._layer_interval == 0:
-                fields["_param_grad_norms"] = self._grad_norms
+            self._total = torch.linalg.vector_norm(self._param_norms) if self._param_norms is not None else None
+        if self._total is not None:
+            state.grad_norm = fields["grad_norm"] = read_if_host(self._total)
+            if self._layer_step and self._param_norms is not None:
+                fields["_param_grad_norms"] = self._param_norms
         if self._update_norms is not None:
             fields["_param_delta_norms"], fields["_param_weight_norms"] = self._update_norms
         return fields
@@ -175,13 +226,13 @@ class GradientCollector:
         nothing at all once a rank's part is unknown."""
         reduction = self._reduction
         known = self._failed is None
-        grad_norms, update_norms = (self._grad_norms, self._update_norms) if known else (None, None)
+        grad_norms, update_norms = (self._param_norms, self._update_norms) if known else (None, None)
         vectors = [grad_norms if grad_norms is not None else reduction.missing(0.0)]
         if self._ratio_step:
             vectors += list(update_norms or (reduction.missing(float("nan")),) * 2)
         self._joined = True
         (grads, *updates), origin, unknown_ranks = reduction.norms(vectors, device, known)
-        self._grad_norms = grads if grad_norms is not None else None
+        self._param_norms = grads if grad_norms is not None else None
         self._update_norms = tuple(updates) if update_norms is not None else None
         return origin, unknown_ranks
 
@@ -217,18 +268,23 @@ class GradientCollector:
         for index, name in enumerate(self.names):
             yield name, "param", [index]
 
-    def _scaler_scale(self) -> torch.Tensor | None:
+    def _scale_still_applied(self) -> torch.Tensor | None:
+        """The GradScaler's scale while the gradients are still multiplied by it (not unscaled yet)."""
         scaler = self._scaler
-        if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        if scaler is None or getattr(scaler, "_scale", None) is None:
             return None
-        return scaler._scale
+        state = scaler._per_optimizer_states.get(id(self._optimizer)) if self._optimizer is not None else None
+        return None if state is not None and state["stage"] is OptState.UNSCALED else scaler._scale
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._in_update = True
+        self._take_norm(True)
         if self._ratio_step:
             with torch.no_grad():
                 self._weights_before = torch._foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._in_update = False
         if self._weights_before is None:
             return
         with torch.no_grad():
@@ -241,3 +297,4 @@ class GradientCollector:
 def _ratio(delta: list[float], weight: list[float], indices: list[int]) -> float | None:
     weight_norm = combined_norm(weight, indices)
     return combined_norm(delta, indices) / weight_norm if weight_norm > 0 else None
+

@@ -30,6 +30,14 @@ def all_finite(value: float | list | None) -> bool | None:
     return all(map(math.isfinite, value)) if isinstance(value, list) else math.isfinite(value)
 
 
+def read_if_host(value: Any) -> Any:
+    """A one-element CPU tensor's value, read at once (no sync there; it may change in place later);
+    another tensor detached; anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.item() if value.device.type == "cpu" and value.numel() == 1 else value.detach()
+
+
 class PendingRecord:
     def __init__(self, fields: Mapping[str, Any]):
         self.fields = dict(fields)

@@ -14,6 +14,7 @@ from hooks (gpuprof.capture.phases) and from prof.phase(), which wins per step a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -28,11 +29,11 @@ from gpuprof.capture import environment, oom
 from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.builtin import builtin_collectors
 from gpuprof.capture.collector import CollectorSet, StepState
-from gpuprof.capture.lazy import PendingRecord, all_finite
+from gpuprof.capture.lazy import PendingRecord, all_finite, read_if_host
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
 from gpuprof.capture.phases import PhaseHooks, inner_optimizer
-from gpuprof.capture.timing import PhaseTimes, clock_for
+from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
 from gpuprof.errors import GpuprofError
 from gpuprof.numerics.options import NumericsOptions, check_policy
@@ -42,6 +43,12 @@ from gpuprof.run.writer import RunWriter
 logger = logging.getLogger("gpuprof")
 
 KNOWN_PHASES = ("data", "forward", "backward", "optimizer")
+# Step records are read (values resolved, checked by the collectors, handed to the writer) in batches:
+# code run once per step runs cold, right after a step flushed the caches, and costs several times
+# what it costs run 16 times in a row. A collector that needs its record read at once (a non-finite
+# step) returns schema.READ_NOW in its fields.
+READ_EVERY_STEPS = 16
+READ_EVERY_S = 0.5
 
 
 def profile(run_dir: str | os.PathLike, **options: Any) -> "Profiler":
@@ -119,6 +126,7 @@ class Profiler:
         self.run_id = uuid.uuid4().hex
         self.step_index = 0
         self._pending: deque[tuple[PendingRecord, list]] = deque()
+        self._next_read_s = 0.0
         self._started = self._closed = False
         self._broken = False
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
@@ -150,6 +158,7 @@ class Profiler:
         if self._backward is not None:
             self._guarded(self._backward.attach)
         self._write_meta(status="running")
+        atexit.register(self._read_pending_at_exit)  # runs before the writer's own exit flush (registered earlier)
         self._guarded(self._begin_step)
         return self
 
@@ -157,6 +166,7 @@ class Profiler:
         if not self._started or self._closed:
             return
         self._closed = True
+        atexit.unregister(self._read_pending_at_exit)
         self._guarded(self._drain, True)
         if self._backward is not None:
             self._backward.detach()
@@ -267,7 +277,7 @@ class Profiler:
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         if self._backward is not None and self.phase_hooks.backward_unfinished:
             self._backward.attach()  # the parameters it kept watching were not reached this step
-        state = StepState(step=self.step_index, loss=_detached(loss), tokens=tokens, batch=batch)
+        state = StepState(step=self.step_index, loss=read_if_host(loss), tokens=tokens, batch=batch)
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
             "loss": state.loss, "tokens": tokens,
@@ -278,25 +288,42 @@ class Profiler:
         for extra in self.collectors.call("on_step_end", self, state):
             if extra:
                 fields.update(extra)
-        # phases may run on other streams: the record waits for every stamp, not only its own copy
-        stamps = [end, *self._step_phases.stamps(), *(automatic.stamps() if automatic else ())]
-        self._pending.append((PendingRecord(fields), stamps))
+        read_now = fields.pop(schema.READ_NOW, False)
+        self._pending.append((PendingRecord(fields), self._stamps_to_wait_for(end, automatic)))
         own_work_s.append(time.perf_counter() - own_work_started)
-        self._drain(False)
+        if read_now or len(self._pending) >= READ_EVERY_STEPS or time.monotonic() >= self._next_read_s:
+            self._drain(False)
         self.step_index += 1
         self._begin_step()
 
     def _drain(self, final: bool) -> None:
+        """Reads the records that are ready: values resolved, collectors' on_step_record, one write."""
         if final and self.device.type == "cuda" and self._pending:
             torch.cuda.synchronize(self.device)  # once, at close
+        self._next_read_s = time.monotonic() + READ_EVERY_S
+        written = []
         while self._pending and self._ready(*self._pending[0]):
             record = self._pending.popleft()[0].resolve()
             self._complete(record)
             self.collectors.call("on_step_record", self, record)
-            self.writer.write("steps", [{k: v for k, v in record.items() if not k.startswith("_")}])
+            written.append({k: v for k, v in record.items() if not k.startswith("_")})
+        if written:
+            self.writer.write("steps", written)
+
+    def _read_pending_at_exit(self) -> None:
+        """A loop that never closes its profiler still leaves its last step records to the writer."""
+        if self._active:
+            self._guarded(self._drain, True)
+
+    def _stamps_to_wait_for(self, end, automatic: PhaseTimes | None) -> list:
+        """Phases may run on other streams: a record waits for every stamp, not only its own copy.
+        Host clock stamps are done when taken."""
+        if self.clock.kind == HostClock.kind:
+            return []
+        return [end, *self._step_phases.stamps(), *(automatic.stamps() if automatic else ())]
 
     def _ready(self, pending: PendingRecord, stamps: list) -> bool:
-        return pending.ready() and all(self.clock.done(stamp) for stamp in stamps)
+        return pending.ready() and all(map(self.clock.done, stamps))
 
     def _complete(self, record: dict[str, Any]) -> None:
         """Adds the derived columns: phase times, throughput, FLOP/s and MFU."""
@@ -359,10 +386,6 @@ class Profiler:
         with contextlib.suppress(Exception):
             self.event(schema.EventKind.COLLECTOR_DISABLED, f"collector {name} switched off after {hook} raised {error!r}",
                        severity="warning", step=self.step_index, collector=name, hook=hook, error=repr(error))
-
-
-def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def _micro_batches(phases: PhaseTimes | None) -> int | None:

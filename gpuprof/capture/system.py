@@ -137,6 +137,7 @@ class SystemSampler:
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
         self.device_mem_used_bytes: int | None = None
+        self.proc_rss_bytes: int | None = None  # the latest reading, for the step records
         self._nvml: NvmlDevice | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,6 +151,7 @@ class SystemSampler:
             _say_device_metrics_off(reason)
             prof.event(EventKind.DEVICE_METRICS_OFF, f"device metrics off: {reason}", reason=reason)
         psutil.cpu_percent(interval=None)  # the first reading only starts psutil's measurement window
+        self.proc_rss_bytes = self._rss.rss_bytes()
         self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
         self._thread.start()
 
@@ -188,9 +190,10 @@ class SystemSampler:
 
     def sample(self) -> dict:
         memory = psutil.virtual_memory()
+        self.proc_rss_bytes = self._rss.rss_bytes()
         row = {
             "time_unix_s": time.time(), "rank": self._prof.ranks.rank, "device_index": None,
-            "host_cpu_pct": psutil.cpu_percent(interval=None), "proc_rss_bytes": self._rss.rss_bytes(),
+            "host_cpu_pct": psutil.cpu_percent(interval=None), "proc_rss_bytes": self.proc_rss_bytes,
             "host_mem_used_bytes": memory.total - memory.available, "host_mem_total_bytes": memory.total,
         }
         if self._nvml is not None:

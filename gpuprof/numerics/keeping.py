@@ -3,15 +3,17 @@
 "every_step" (accelerators) copies the pre-step state of every step into a StateKeeper, frozen
 by the watched values when they go non-finite. "when_bad" (the CPU, where reading a value costs
 no device sync) keeps only what is small per step (RNG, hyperparameters, the batch and tape by
-reference) and copies the weights once a step is seen to go bad: at the end of a backward pass
-whose gradients are non-finite (before the update, also where the loop runs forward and backward
-inside `optimizer.step(closure)`, as Lightning does), else at the step's end. Either way `inputs_of(step)` and
+reference) and copies the weights once a step is seen to go bad: when the step's gradient norm,
+taken before the update (gpuprof.capture.gradients: also where the loop runs forward and backward
+inside `optimizer.step(closure)`, as Lightning does), is not finite, else at the step's end. Either way `inputs_of(step)` and
 `state_before(step)` give the forensic re-run what it needs until the step has been read.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 import torch
 
@@ -23,10 +25,9 @@ from gpuprof.numerics.tape import autocast_now
 
 
 class StepKeeping:
-    def __init__(self, model: torch.nn.Module, optimizer, scaler, keep_state, state_interval: int, gradients=None):
+    def __init__(self, model: torch.nn.Module, optimizer, scaler, keep_state, state_interval: int):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self._keep_state, self._state_interval = keep_state, state_interval
-        self._gradients = gradients  # capture's GradientCollector: its norms say whether grads are finite
         self.keeper: StateKeeper | None = None
         self.current: StepInputs | None = None
         self._kept: dict[int, StepInputs] = {}
@@ -57,14 +58,19 @@ class StepKeeping:
         self.current.param_absmax = absmax if absmax is not None else self._weights.absmax(step)
         return self.current
 
-    def end(self, inputs: StepInputs, watched: torch.Tensor, flags: int) -> None:
-        """The step ended with these watched values (the first `flags` of them are flags)."""
+    def end(self, inputs: StepInputs, watched: torch.Tensor | list[float], flags: int) -> None:
+        """The step ended with these watched values (the first `flags` of them are flags): a device
+        vector, or host floats where reading costs no sync."""
         self._kept[inputs.step] = inputs
         if self.keeper is None:
             return
+        flag_values = watched[:flags]
         if not self.lazily:
-            self.keeper.freeze_if(~torch.isfinite(watched[:flags]).all())
-        elif not inputs.state_kept and not all(map(math.isfinite, watched[:flags].tolist())):  # CPU: no sync
+            self.keeper.freeze_if(~torch.isfinite(torch.as_tensor(flag_values)).all())
+            return
+        if isinstance(flag_values, torch.Tensor):
+            flag_values = flag_values.tolist()  # explicit keep_state="when_bad" on an accelerator: a sync (documented)
+        if not inputs.state_kept and not all(map(math.isfinite, flag_values)):
             self._keep_now(inputs)  # no update happened, or its gradients looked finite
 
     def inputs_of(self, step: int) -> StepInputs | None:
@@ -81,27 +87,25 @@ class StepKeeping:
         if self.keeper is not None:
             self.keeper.release(step)
 
-    def after_backward(self) -> None:
-        """The end of a backward pass comes before this step's update: the weights are still those the
+    def before_update(self, grad_norm: torch.Tensor) -> None:
+        """The step's gradient norm, taken before the optimizer's update: the weights are still those the
         step started from, so gradients that went non-finite are the moment to copy them."""
         inputs = self.current
         if not self.lazily or inputs is None or inputs.state_kept:
             return
         # a host read: free on the CPU; explicit keep_state="when_bad" on a GPU pays this sync (documented)
-        if all(map(math.isfinite, self._grad_norms().tolist())):
+        if math.isfinite(grad_norm.item()):
             inputs.updated_first = True  # an update may follow before anything else is seen to go bad
         else:
             self._keep_now(inputs)
-            inputs.updated_first = False  # an earlier micro-batch's finite gradients updated nothing yet
+            inputs.updated_first = False
 
-    def _grad_norms(self) -> torch.Tensor:
-        """Per-tensor gradient 2-norms: capture's, when it computed them for this backward pass.
-        (A 2-norm also trips on |g| > 1e19; the only cost of that is one copy not needed.)"""
-        norms = self._gradients.latest_norms if self._gradients is not None else None
-        if norms is not None:
-            return norms
+    def after_backward(self) -> None:
+        """Without capture's gradient norms (grad_norms=False), the end of each backward pass stands in
+        for the moment before the update."""
         grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
-        return torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
+        if grads and self.lazily:
+            self.before_update(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0))))
 
     def _keep_now(self, inputs: StepInputs) -> None:
         model = eager_model(self.model)
@@ -143,19 +147,27 @@ class _WeightSample:
     What oversized_update compares from step to step; an oversized update moves every element
     it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
     pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
-    and re-made every `refresh_steps` steps (a weight replaced in between is seen late), so a
-    step costs three small ops.
+    and re-made every `refresh_steps` steps (a weight replaced in between is seen late). On the
+    CPU a step costs one copy of the sample, reduced when the step's record is read (in a batch,
+    warm); elsewhere three small device ops, read with the record.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):
         self._model, self._device, self._refresh_steps = model, device, refresh_steps
         self._views: list[torch.Tensor] | None = None
 
-    def absmax(self, step: int) -> torch.Tensor:
+    def absmax(self, step: int) -> torch.Tensor | Callable[[], float]:
         if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
             weights = _local([p.detach() for p in self._model.parameters()])
             self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
                            if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
         if not self._views:
             return torch.zeros((), device=self._device)
-        return torch.cat(self._views).abs().max().float()  # NaN propagates
+        sample = torch.cat(self._views)
+        if self._device.type == "cpu":
+            return functools.partial(_largest_abs_value, sample)
+        return sample.abs().max().float()  # NaN propagates
+
+
+def _largest_abs_value(sample: torch.Tensor) -> float:
+    return sample.abs().max().item()  # NaN propagates

@@ -27,7 +27,7 @@ from gpuprof.numerics.skip import SkipBadUpdates
 from gpuprof.numerics.state import StepInputs, live_tensors
 from gpuprof.numerics.tape import Tape, autocast_now
 from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
-from gpuprof.run.schema import EventKind
+from gpuprof.run.schema import READ_NOW, EventKind
 
 _FLAGS = ("loss", "grads", "params", "optimizer_state", "scaler_overflow")
 
@@ -56,7 +56,7 @@ class NumericsMonitor:
         self._gradients = gradients
         self._tape = tape  # what each step computed, for the forensic re-run
         self._keeping = StepKeeping(model, optimizer, self.scaler, self.options.keep_state,
-                                    self.options.state_interval, gradients)
+                                    self.options.state_interval)
         self.stop_training: NonFiniteError | None = None
         self._prof = None
         self._investigator: Investigator | None = None
@@ -84,6 +84,8 @@ class NumericsMonitor:
         hook = torch._dynamo.disable(guard(self, "forward_pre_hook", self._on_forward))
         self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
         self._keeping.start(prof.device)
+        if self._gradients is not None:
+            self._gradients.call_before_update(guard(self, "before_update", self._keeping.before_update))
         if self.policy == "skip" and self.optimizer is not None:
             self._handles += SkipBadUpdates(self._keeping, prof.device).hooks(self.optimizer, guard, self)
 
@@ -100,7 +102,8 @@ class NumericsMonitor:
         self._begun_at_phase = False
 
     def on_after_backward(self, prof, step: int) -> None:
-        self._keeping.after_backward()
+        if self._gradients is None:
+            self._keeping.after_backward()
 
     def on_phase_begin(self, prof, name: str) -> None:
         """A loop (or integration) that marks its forward phase starts the step's keeping there, also
@@ -115,12 +118,17 @@ class NumericsMonitor:
         inputs.tape = self._tape.take() if self._tape is not None else None
         watched = self._watched_values(state, inputs)
         self._keeping.end(inputs, watched, len(_FLAGS))
-        return {"_numerics_values": watched, "_numerics_lr": _first_lr(inputs.hyper)}
+        fields = {"_numerics_values": watched, "_numerics_lr": _first_lr(inputs.hyper),
+                  "_numerics_param_absmax": inputs.param_absmax}
+        if isinstance(watched, list) and _nonfinite(watched):  # seen on the host: investigate it now
+            fields[READ_NOW] = True
+        return fields
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]
-        values = record.get("_numerics_values") or [0.0] * (len(_FLAGS) + 1)
-        self._history.append({"step": step, "param_absmax": values[-1], "lr": record.get("_numerics_lr")})
+        values = record.get("_numerics_values") or [0.0] * len(_FLAGS)
+        self._history.append({"step": step, "param_absmax": record.get("_numerics_param_absmax"),
+                              "lr": record.get("_numerics_lr")})
         for event in self._observe(step, record):
             prof.event(event["kind"], event["message"], severity=event["severity"], step=event["step"],
                        **event["details"])
@@ -143,25 +151,30 @@ class NumericsMonitor:
             self._keeping.current.autocast = autocast_now()
         self._begun_at_phase = False
 
-    def _watched_values(self, state, inputs: StepInputs) -> torch.Tensor:
-        """One float vector, non-finite where a flag of _FLAGS is raised, then the largest |weight|.
+    def _watched_values(self, state, inputs: StepInputs) -> torch.Tensor | list[float]:
+        """Non-finite where a flag of _FLAGS is raised: one float vector on an accelerator (read later
+        with the record), plain floats on the CPU (read at once, no sync).
 
         The values the step record carries anyway (loss, gradient norm) are their own flags: no
         device op per step tests them. Parameters and optimizer state are read every `state_interval`."""
-        device, zero = self._prof.device, self._zero
-        loss = state.loss if isinstance(state.loss, torch.Tensor) else zero
-        grads = state.grad_norm if self.scaler is None and isinstance(state.grad_norm, torch.Tensor) else zero
-        params = optimizer = zero
+        params = optimizer = overflow = None
         interval = self.options.state_interval
         if interval and state.step % interval == 0:
-            model = eager_model(self.model)
-            params = absmax_of([p.detach() for p in model.parameters()], device)
-            optimizer = absmax_of([t for n, t in live_tensors(model, self.optimizer).items() if "::" in n], device)
-        overflow = self._overflow.update(self.scaler) if self._overflow is not None else None
-        overflow = torch.where(overflow, self._inf, zero) if overflow is not None else zero
-        absmax = inputs.param_absmax if inputs.param_absmax is not None else zero
-        values = [loss if loss.dim() == 0 else loss.sum(), grads, params, optimizer, overflow, absmax]
-        return torch.stack([value.to(device, torch.float32) for value in values])
+            params, optimizer = self._state_absmax()
+        if self._overflow is not None:
+            persistent = self._overflow.update(self.scaler)
+            overflow = torch.where(persistent, self._inf, self._zero) if persistent is not None else None
+        grads = state.grad_norm if self.scaler is None else None  # with a scaler, its skips decide
+        values = [state.loss, grads, params, optimizer, overflow]
+        if self._prof.device.type == "cpu":
+            return [_host_float(value) for value in values]
+        return torch.stack([_device_float(value, self._zero) for value in values])
+
+    def _state_absmax(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The largest |parameter| and |optimizer state tensor|."""
+        model, device = eager_model(self.model), self._prof.device
+        params = absmax_of([p.detach() for p in model.parameters()], device)
+        return params, absmax_of([t for n, t in live_tensors(model, self.optimizer).items() if "::" in n], device)
 
     # ------------------------------------------------------------------ host side
     def _observe(self, step: int, record: dict) -> list[dict]:
@@ -211,6 +224,20 @@ class _OverflowStreak:
         self._previous.copy_(scale)
         persistent = self._warmed_up & (self._streak >= PERSISTENT_OVERFLOW_STEPS)
         return persistent | (scale < 1).reshape(())
+
+
+def _host_float(value: Any) -> float:
+    """A watched value read on the host (a CPU tensor: no sync); 0.0 (finite) for one not watched."""
+    if isinstance(value, torch.Tensor):
+        return (value if value.dim() == 0 else value.sum()).item()
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _device_float(value: Any, zero: torch.Tensor) -> torch.Tensor:
+    """A watched value as a float32 scalar on the device; `zero` (finite) for one not watched or not a tensor."""
+    if not isinstance(value, torch.Tensor):
+        return zero
+    return (value if value.dim() == 0 else value.sum()).detach().to(zero.device, torch.float32)
 
 
 def _first_lr(hyper: list[dict]) -> float | None:

@@ -35,12 +35,14 @@ def batch(step: int, micro: int = 0, rank: int = 0) -> torch.Tensor:
 
 
 def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_at=None, scheduler=False,
-          sleep_s=0.0, ddp=False, **profile_options) -> dict:
+          sleep_s=0.0, ddp=False, clip="all", **profile_options) -> dict:
     """Trains `steps` optimizer steps; profiled into `run_dir` when given, bare otherwise.
 
     overflow_at: a step whose loss is multiplied by 1e9 before backward, so fp16 activation
     gradients really overflow and the GradScaler skips that optimizer step.
-    Returns what the loop itself saw: losses, clip_grad_norm_ results, learning rates used.
+    clip: what clip_grad_norm_ is given: "all" parameters, the "first_block"'s, or "none" (no clipping).
+    Returns what the loop itself saw: losses, clip_grad_norm_ results, learning rates used, and the
+    global gradient norms before clipping (torch.nn.utils.get_total_norm).
     """
     rank = int(os.environ.get("RANK", 0))
     model = tiny_model()
@@ -50,7 +52,9 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
     lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if scheduler else None
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if precision == "fp16" else None
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    seen = {"losses": [], "clip_norms": [], "lrs": []}
+    seen = {"losses": [], "clip_norms": [], "lrs": [], "grad_norms": []}
+    clipped = {"all": list(model.parameters()), "first_block": list(getattr(model, "module", model).transformer.h[0].parameters()),
+               "none": []}[clip]
     prof = None
     profile_options.setdefault("numerics", False)  # NaN forensics has its own tests (tests/numerics)
     if run_dir is not None:
@@ -73,7 +77,10 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
             with phase("optimizer"):
                 if scaler:
                     scaler.unscale_(optimizer)
-                seen["clip_norms"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                seen["grad_norms"].append(torch.nn.utils.get_total_norm(grads).item())
+                if clipped:
+                    seen["clip_norms"].append(torch.nn.utils.clip_grad_norm_(clipped, 1.0).item())
                 seen["lrs"].append(optimizer.param_groups[0]["lr"])
                 if scaler:
                     scaler.step(optimizer)

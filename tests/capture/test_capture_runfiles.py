@@ -57,6 +57,28 @@ def test_a_sigkilled_run_still_loads(tmp_path):
     assert torn["step"].tolist() == steps["step"].tolist()
 
 
+NEVER_CLOSED = """
+import sys, torch, gpuprof
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+prof = gpuprof.profile(sys.argv[1], model=model, optimizer=optimizer, sample_interval_s=0).start()
+for step in range(5):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    prof.step(loss=loss)
+"""
+
+
+def test_a_loop_that_never_closes_its_profiler_leaves_every_step(tmp_path):
+    """Step records are read in batches; the ones still unread when the interpreter exits are written then."""
+    subprocess.run([sys.executable, "-c", NEVER_CLOSED, str(tmp_path / "run")], check=True, timeout=120)
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.meta["status"] == "running"
+    assert run.steps["step"].tolist() == [0, 1, 2, 3, 4]
+
+
 def test_clean_close_compacts_to_parquet_with_the_same_values(tmp_path):
     train(tmp_path / "run", steps=3, layer_interval=1)
     rank_dir = tmp_path / "run" / "rank-0"

@@ -10,6 +10,7 @@ import torch
 from capture_loop import BATCH, SEQ, batch, tiny_model, train
 
 import gpuprof
+from gpuprof.capture import gradients
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +118,25 @@ def test_gradient_accumulation_counts_one_step_per_optimizer_step(tmp_path):
     assert (steps["tokens"] == 3 * BATCH * SEQ).all()
     np.testing.assert_allclose(steps["grad_norm"], seen["clip_norms"], rtol=1e-5)
     np.testing.assert_allclose(steps["loss"], seen["losses"], rtol=1e-6)
+
+
+def test_the_loops_own_clip_norm_is_recorded_without_a_pass_of_gpuprofs(tmp_path, monkeypatch):
+    own_passes = []
+    monkeypatch.setattr(gradients, "tensor_norms", lambda *args, **kwargs: own_passes.append(1))
+    seen = train(tmp_path / "run", steps=3, layer_interval=0, update_ratio_interval=0)
+    np.testing.assert_allclose(gpuprof.load_run(tmp_path / "run").steps["grad_norm"], seen["clip_norms"], rtol=1e-6)
+    assert own_passes == []
+
+
+@pytest.mark.parametrize("clip", ["none", "first_block"])
+def test_grad_norms_before_any_clipping_in_loops_that_clip_nothing_or_a_part(tmp_path, clip):
+    seen = train(tmp_path / "run", steps=4, clip=clip, layer_interval=2)
+    run = gpuprof.load_run(tmp_path / "run")
+    np.testing.assert_allclose(run.steps["grad_norm"], seen["grad_norms"], rtol=1e-5)
+    params = run.layers[run.layers["level"] == "param"]
+    assert sorted(params["step"].unique()) == [0, 2]
+    for step, rows in params.groupby("step"):  # per-parameter norms square-sum to the global norm, before clipping
+        assert math.isclose(math.sqrt((rows["grad_norm"] ** 2).sum()), seen["grad_norms"][step], rel_tol=1e-5)
 
 
 class RaisesAtStep:
