@@ -103,7 +103,13 @@ class StepTape:
         return self.error is None and bool(self.micro_batches) and all(m.target is not None for m in self.micro_batches)
 
 
+# one C call where autocast is off (the usual case); torch builds without it check each device
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def autocast_now() -> dict[str, str] | None:
+    if not _ANY_AUTOCAST():
+        return None
     for device_type in ("cuda", "cpu"):
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
@@ -188,6 +194,7 @@ class Tape:
         self._micro: MicroBatch | None = None
         self._known: dict[int, tuple[Any, torch.Tensor]] = {}  # id(tensor) -> (reference, tensor kept alive)
         self._scaled_items: set[int] = set()  # the loss calls computed from the GradScaler's scale
+        self._uses_scale = False  # whether the loss call being recorded takes the scale (see _encode_tensor)
         self._param_names: dict[int, str] | None = None
         self._handles: list = []
         self._step_index = 0
@@ -291,19 +298,19 @@ class Tape:
         results = leaves(out)
         if not results and not _mutates(func):
             return  # .size(), .item(), .shape: nothing the loss can depend on
-        micro = self._micro
-        if len(micro.items) >= MAX_LOSS_CALLS:
+        items = self._micro.items
+        index = len(items)
+        if index >= MAX_LOSS_CALLS:
             raise RuntimeError(f"more than {MAX_LOSS_CALLS} torch calls between forward and backward")
-        index = len(micro.items)
-        seen: list[tuple[Any, torch.Tensor]] = []
-        encode = self._encoder(micro, seen)
-        micro.items.append(LossCall(func, _map(args, torch.Tensor, encode), _map(kwargs, torch.Tensor, encode),
-                                    autocast_now(), user_frame()))
-        scale = getattr(self.scaler, "_scale", None)  # made inside the window at the first scaler.scale()
-        if any(tensor is scale or self._scale_derived(micro, ref) for ref, tensor in seen):
+        self._uses_scale = False
+        encode = self._encode_tensor
+        items.append(LossCall(func, _map(args, torch.Tensor, encode), _map(kwargs, torch.Tensor, encode),
+                              autocast_now(), user_frame()))
+        if self._uses_scale:
             self._scaled_items.add(index)
+        known = self._known
         for leaf, tensor in enumerate(results):
-            self._known[id(tensor)] = (Result(index, leaf), tensor)
+            known[id(tensor)] = (Result(index, leaf), tensor)
 
     def close_micro_batch(self, tensor) -> None:
         micro, self._micro = self._micro, None
@@ -333,14 +340,14 @@ class Tape:
             return micro.consts[ref.index] is getattr(self.scaler, "_scale", None)
         return isinstance(ref, Result) and ref.item in self._scaled_items
 
-    def _encoder(self, micro: MicroBatch, seen: list) -> Callable[[torch.Tensor], Any]:
-        """tensor -> its reference; each (reference, tensor) handed out is also appended to `seen`."""
-
-        def encode(tensor: torch.Tensor):
-            seen.append((self._reference(micro, tensor), tensor))
-            return seen[-1][0]
-
-        return encode
+    def _encode_tensor(self, tensor: torch.Tensor):
+        """A loss call's tensor argument -> its reference; notes in `_uses_scale` whether it is or
+        comes from the GradScaler's scale."""
+        ref = self._reference(self._micro, tensor)
+        if self.scaler is not None and not self._uses_scale:
+            scale = getattr(self.scaler, "_scale", None)  # made inside the window at the first scaler.scale()
+            self._uses_scale = tensor is scale or self._scale_derived(self._micro, ref)
+        return ref
 
     def _reference(self, micro: MicroBatch, tensor: torch.Tensor):
         known = self._known.get(id(tensor))
@@ -397,14 +404,24 @@ def _mutates(func) -> bool:
     return name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")
 
 
+# the values torch calls mostly take besides tensors: passed over without isinstance checks
+_PLAIN = frozenset({int, float, bool, str, slice, type(None), type(Ellipsis), torch.dtype, torch.device})
+
+
 def _map(value: Any, kind, function: Callable) -> Any:
     """`value` with every leaf of type `kind` (inside lists, tuples and dicts) replaced by function(leaf)."""
+    # a call's arguments (an exact tuple) and keywords (a dict) first, with no call per flat item; safe
+    # before the `kind` check, as no tensor or reference is either (references are tuple subclasses)
+    if type(value) is tuple:
+        return tuple([item if type(item) in _PLAIN else function(item) if isinstance(item, kind)
+                      else _map(item, kind, function) for item in value])
+    if isinstance(value, dict):
+        return {key: item if type(item) in _PLAIN else _map(item, kind, function)
+                for key, item in value.items()} if value else {}
     if isinstance(value, kind):
         return function(value)
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        return type(value)(_map(item, kind, function) for item in value)
-    if isinstance(value, dict):
-        return {key: _map(item, kind, function) for key, item in value.items()}
+        return type(value)(_map(tuple(value), kind, function))
     return value
 
 
@@ -413,7 +430,7 @@ def leaves(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in leaves(item)]
+        return [leaf for item in value for leaf in ((item,) if isinstance(item, torch.Tensor) else leaves(item))]
     if isinstance(value, Mapping):
         return [leaf for item in value.values() for leaf in leaves(item)]
     return []
