@@ -16,6 +16,7 @@ Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, 
 
     .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
     .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
+    .venv/bin/python benchmarks/overhead.py --loss outside --no-clip         # ... and no clip_grad_norm_
     .venv/bin/python benchmarks/overhead.py --components timer switch
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
@@ -75,9 +76,10 @@ class Bare:
 
 
 def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device, marked: bool = True,
-                loss_outside: bool = False) -> None:
+                loss_outside: bool = False, clip: bool = True) -> None:
     """`steps` optimizer steps; `marked`: with prof.phase() around data, forward, backward, optimizer;
-    `loss_outside`: the loop computes the loss from the logits (nanoGPT style) instead of `labels=`."""
+    `loss_outside`: the loop computes the loss from the logits (nanoGPT style) instead of `labels=`;
+    `clip`: the loop clips its gradients with clip_grad_norm_ (gpuprof then reads the norm it computes)."""
     phase = prof.phase if marked else Bare().phase
     for _ in range(steps):
         with phase("data"):
@@ -91,7 +93,8 @@ def train_steps(prof, model, optimizer, tokens, steps: int, dtype, device, marke
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         prof.step(loss=loss, tokens=batch.numel())
@@ -121,12 +124,12 @@ def timed_block(prof, args, model, optimizer, tokens, device, dtype, marked: boo
 
 
 def timed_steps(prof, steps: int, model, optimizer, tokens, device, dtype, marked: bool,
-                loss_outside: bool = False) -> dict[str, float]:
+                loss_outside: bool = False, clip: bool = True) -> dict[str, float]:
     """Seconds per step on every clock over `steps` steps, after one warm-up step."""
-    train_steps(prof, model, optimizer, tokens, 1, dtype, device, marked, loss_outside)
+    train_steps(prof, model, optimizer, tokens, 1, dtype, device, marked, loss_outside, clip)
     _synchronize(device)
     start = {name: clock() for name, clock in CLOCKS.items()}
-    train_steps(prof, model, optimizer, tokens, steps, dtype, device, marked, loss_outside)
+    train_steps(prof, model, optimizer, tokens, steps, dtype, device, marked, loss_outside, clip)
     _synchronize(device)
     return {name: (clock() - start[name]) / steps for name, clock in CLOCKS.items()}
 
@@ -184,7 +187,7 @@ class Bench:
 
     def block(self, prof) -> dict[str, float]:
         return timed_steps(prof, self.args.steps, self.model, self.optimizer, self.tokens, self.device, self.dtype,
-                           self.args.phases, self.args.loss == "outside")
+                           self.args.phases, self.args.loss == "outside", not self.args.no_clip)
 
     def open_run(self, options: dict) -> Profiler:
         self._runs += 1
@@ -304,11 +307,11 @@ def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
     timer = HookTimer()
     with timer.installed(), bench.open_run({}) as prof:
         train_steps(prof, bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, bench.args.phases,
-                    bench.args.loss == "outside")
+                    bench.args.loss == "outside", not bench.args.no_clip)
         timer.seconds.clear()
         start = time.perf_counter()
         train_steps(prof, bench.model, bench.optimizer, bench.tokens, steps, bench.dtype, bench.device,
-                    bench.args.phases, bench.args.loss == "outside")
+                    bench.args.phases, bench.args.loss == "outside", not bench.args.no_clip)
         _synchronize(bench.device)
         wall_s = time.perf_counter() - start
     return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, wall_s / steps
@@ -320,7 +323,8 @@ def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
 def describe(args, bench: Bench) -> str:
     return (f"{args.model} GPT-2 on {bench.device.type} ({args.dtype}, {args.batch}x{args.seq} tokens/step, "
             f"{torch.get_num_threads()} torch threads, {'phases marked' if args.phases else 'plain loop'}, "
-            f"loss {'outside the model' if args.loss == 'outside' else 'from labels='})")
+            f"loss {'outside the model' if args.loss == 'outside' else 'from labels='}, "
+            f"{'no clipping' if args.no_clip else 'clip_grad_norm_'})")
 
 
 def print_headline(args, bench: Bench, pairs: Pairs) -> None:
@@ -381,6 +385,8 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true", help="mark data/forward/backward/optimizer with prof.phase")
     parser.add_argument("--loss", choices=("labels", "outside"), default="labels",
                         help="the model computes the loss from labels=, or the loop does from the logits")
+    parser.add_argument("--no-clip", action="store_true",
+                        help="the loop does not clip: gpuprof computes the gradient norm itself")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--components", nargs="*", choices=("timer", "switch"), default=(),
                         help="add the per-part table(s) in us per step")

@@ -83,7 +83,9 @@ class StepKeeping:
         """Step `step` was read (and investigated when bad): what was kept for it can go."""
         if self.keeper is not None and bad:
             self.keeper.unfreeze()  # frozen means "an unread bad step": this one is read now
-        self._kept = {s: i for s, i in self._kept.items() if s > step}
+        kept = self._kept  # in step order: records are read in order
+        while kept and next(iter(kept)) <= step:
+            del kept[next(iter(kept))]
         if self.keeper is not None:
             self.keeper.release(step)
 
