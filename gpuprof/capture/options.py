@@ -12,7 +12,7 @@ from gpuprof.numerics.options import NumericsOptions
 @dataclass(frozen=True)
 class CaptureOptions:
     trace_steps: tuple[int, ...] = ()
-    sample_interval_s: float = 0.1  # 0: no background sampler
+    sample_interval_s: float | str = "auto"  # 0: no background sampler; "auto": see SystemSampler
     grad_norms: bool = True
     layer_interval: int = 10
     update_ratio_interval: int = 100

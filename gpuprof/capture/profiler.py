@@ -33,6 +33,7 @@ from gpuprof.capture.lazy import PendingRecord, all_finite, read_if_host
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
 from gpuprof.capture.phases import PhaseHooks, inner_optimizer
+from gpuprof.capture.system import AUTO_INTERVAL
 from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
 from gpuprof.errors import GpuprofError
@@ -64,7 +65,8 @@ class Profiler:
     loader: the training DataLoader, optional; its settings are recorded in meta.json ("loop").
     config: the user's config dict, stored in meta.json.   name: display name (default: folder name).
     trace_steps: optimizer steps to record with torch.profiler (e.g. range(10, 14)); None for none.
-    sample_interval_s: background device/host sampling period (0 or None turns the sampler off).
+    sample_interval_s: background device/host sampling period; "auto" (default): 0.1 s where this rank's GPU
+        can be sampled (NVML), 1 s for the host alone; 0 or None turns the sampler off.
     flops_per_token: training FLOPs per token; derived from a Hugging Face style model when None.
     grad_norms: per-step global grad norm; layer_interval: per-layer norms every N steps (0: never);
     update_ratio_interval: per-layer update-to-weight ratios every N steps (0: never).
@@ -84,7 +86,7 @@ class Profiler:
         config: Mapping[str, Any] | None = None,
         name: str | None = None,
         trace_steps: Iterable[int] | None = None,
-        sample_interval_s: float | None = 0.1,
+        sample_interval_s: float | str | None = "auto",
         flops_per_token: float | None = None,
         lr_scheduler: Any = None,
         grad_norms: bool = True,
@@ -109,7 +111,7 @@ class Profiler:
         self.name = name or os.path.basename(os.path.abspath(self.run_dir))
         self.options = CaptureOptions(
             trace_steps=tuple(sorted(set(trace_steps))) if trace_steps is not None else (),
-            sample_interval_s=sample_interval_s or 0, grad_norms=grad_norms, layer_interval=layer_interval,
+            sample_interval_s=_sample_interval(sample_interval_s), grad_norms=grad_norms, layer_interval=layer_interval,
             update_ratio_interval=update_ratio_interval, record_shapes=record_shapes, profile_memory=profile_memory,
             with_stack=with_stack, memory_history=memory_history, numerics=NumericsOptions.given(numerics),
             on_nonfinite=check_policy(on_nonfinite),
@@ -386,6 +388,14 @@ class Profiler:
         with contextlib.suppress(Exception):
             self.event(schema.EventKind.COLLECTOR_DISABLED, f"collector {name} switched off after {hook} raised {error!r}",
                        severity="warning", step=self.step_index, collector=name, hook=hook, error=repr(error))
+
+
+def _sample_interval(value: Any) -> float | str:
+    if value == AUTO_INTERVAL or not value:
+        return value or 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise GpuprofError(f"sample_interval_s must be \"{AUTO_INTERVAL}\", a number of seconds or 0, got {value!r}")
+    return float(value)
 
 
 def _micro_batches(phases: PhaseTimes | None) -> int | None:

@@ -129,12 +129,21 @@ class NvmlDevice:
         return dict(zip(("sm_active_pct", "tensor_active_pct", "dram_active_pct"), values))
 
 
+AUTO_INTERVAL = "auto"
+DEVICE_INTERVAL_S = 0.1
+# The host alone changes slowly, and on a small machine every wake-up of this thread takes a core
+# from the training threads: about 70 us a step at 10 Hz on a 2-core CPU (benchmarks/overhead.py).
+HOST_INTERVAL_S = 1.0
+
+
 class SystemSampler:
-    """A daemon thread writing one `system` row per interval (one per device plus the host readings)."""
+    """A daemon thread writing one `system` row per interval (one per device plus the host readings).
+    interval_s: seconds, or AUTO_INTERVAL: DEVICE_INTERVAL_S where this rank's GPU can be sampled,
+    HOST_INTERVAL_S for the host alone."""
 
     name = "system"
 
-    def __init__(self, interval_s: float):
+    def __init__(self, interval_s: float | str):
         self.interval_s = interval_s
         self.device_mem_used_bytes: int | None = None
         self.proc_rss_bytes: int | None = None  # the latest reading, for the step records
@@ -147,6 +156,8 @@ class SystemSampler:
     def on_start(self, prof) -> None:
         self._prof = prof
         reason = self._open_nvml(prof.device)
+        if self.interval_s == AUTO_INTERVAL:
+            self.interval_s = HOST_INTERVAL_S if reason else DEVICE_INTERVAL_S
         if reason:
             _say_device_metrics_off(reason)
             prof.event(EventKind.DEVICE_METRICS_OFF, f"device metrics off: {reason}", reason=reason)
@@ -169,7 +180,8 @@ class SystemSampler:
         return None
 
     def meta(self, prof) -> dict:
-        return {"driver": self._nvml.driver} if self._nvml is not None else {}
+        facts = {"sample_interval_s": self.interval_s}
+        return {**facts, "driver": self._nvml.driver} if self._nvml is not None else facts
 
     def on_close(self, prof) -> None:
         self._stop.set()
@@ -179,7 +191,9 @@ class SystemSampler:
             self._rss.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait_s = min(self.interval_s, DEVICE_INTERVAL_S)  # the first row soon, also in a short run
+        while not self._stop.wait(wait_s):
+            wait_s = self.interval_s
             try:
                 self._prof.writer.write("system", [self.sample()])
             except Exception as error:  # noqa: BLE001 - the sampler must never take the process down

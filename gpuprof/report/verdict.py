@@ -64,7 +64,7 @@ HOW_TO_RECORD = {
     "trace window": "a trace window: gpuprof.profile(..., trace_steps=range(10, 12)), or "
                     "gpuprof train --trace-steps 10:12",
     "device metrics": "NVML device samples: an NVIDIA GPU with nvidia-ml-py installed, and gpuprof.profile's "
-                      "sample_interval_s left on (default 0.1 s)",
+                      "sample_interval_s left on (by default every 0.1 s where a GPU is sampled)",
 }
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import gpuprof
+from gpuprof.errors import GpuprofError
 
 LOOP = Path(__file__).with_name("capture_loop.py")
 
@@ -31,7 +33,8 @@ def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path)
     for index in (0, 1):
         run = gpuprof.load_run(tmp_path / f"run-{index}")
         system = run.system
-        assert len(system) >= 4  # 0.6 s of steps at 10 Hz
+        assert run.meta["sample_interval_s"] == 1.0  # "auto": the host alone, every second
+        assert len(system) >= 1  # 0.6 s of steps: the first row comes after 0.1 s
         assert system["device_index"].isna().all() and system["gpu_util_pct"].isna().all()
         assert system["host_cpu_pct"].between(0, 100).all()
         assert (system["proc_rss_bytes"] > 50e6).all()
@@ -39,6 +42,21 @@ def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path)
         assert system["time_unix_s"].is_monotonic_increasing
         notice = run.events[run.events["kind"] == "device_metrics_off"]
         assert notice["details"].iloc[0]["reason"].startswith("NVML unavailable")
+
+
+def test_an_explicit_sample_interval_is_kept(tmp_path):
+    with gpuprof.profile(tmp_path / "run", sample_interval_s=0.05) as prof:
+        time.sleep(0.6)
+        prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.meta["sample_interval_s"] == 0.05
+    assert len(run.system) >= 3  # about 12; the margin is for a loaded machine
+
+
+@pytest.mark.parametrize("bad", [-1, "often", True])
+def test_a_bad_sample_interval_is_one_clear_error(tmp_path, bad):
+    with pytest.raises(GpuprofError, match="sample_interval_s"):
+        gpuprof.profile(tmp_path / "run", sample_interval_s=bad)
 
 
 def test_the_rss_read_every_step_agrees_with_psutil_and_follows_the_process():
