@@ -9,9 +9,8 @@ A collector is any object with a `name` and some of these methods (all optional)
                                         Values may be device tensors (fetched later without a
                                         sync), plain values, or callables; names starting with
                                         "_" reach on_step_record but are not written.
-    on_step_record(prof, record)        the step's record with host values, before it is written;
-                                        records are read in batches (every 16 steps or 0.5 s, at
-                                        once for a field schema.READ_NOW)
+    on_step_record(prof, record)        the step's record with host values (a few steps later
+                                        on CUDA), before it is written
     on_close(prof)                      once, at close
     on_phase_begin(prof, name), on_phase_end(prof, name)   around prof.phase(name)
     on_exception(prof, exc)             an exception is leaving the training loop (then re-raised)

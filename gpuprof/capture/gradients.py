@@ -39,6 +39,7 @@ from torch.amp.grad_scaler import OptState
 from gpuprof.capture import clipping
 from gpuprof.capture.distributed import ShardReduction
 from gpuprof.capture.lazy import all_finite, read_if_host
+from gpuprof.capture.trace import own_work
 from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor
 from gpuprof.run.schema import EventKind
@@ -84,7 +85,7 @@ class GradientCollector:
         self._optimizer = optimizer
         self._layer_interval = layer_interval
         self._ratio_interval = update_ratio_interval if optimizer is not None else 0
-        self._total: torch.Tensor | None = None  # the step's global norm, once taken
+        self._total: torch.Tensor | float | None = None  # the step's global norm, once taken (CPU: read)
         self._param_norms: torch.Tensor | None = None  # per parameter, on layer steps (and sharded: every step)
         self._passes = 0
         self._in_update = False  # between optimizer.step()'s pre- and post-hook
@@ -178,8 +179,10 @@ class GradientCollector:
         return len(grads) == len(own) and all(id(grad) in own for grad in grads)
 
     def _notify(self) -> None:
-        for listener in self._before_update:
-            listener(self._total)
+        with own_work():  # a CPU norm's host read is gpuprof's, not one the loop makes
+            self._total = read_if_host(self._total)
+            for listener in self._before_update:
+                listener(self._total)
 
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}

@@ -14,7 +14,6 @@ from hooks (gpuprof.capture.phases) and from prof.phase(), which wins per step a
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -44,12 +43,6 @@ from gpuprof.run.writer import RunWriter
 logger = logging.getLogger("gpuprof")
 
 KNOWN_PHASES = ("data", "forward", "backward", "optimizer")
-# Step records are read (values resolved, checked by the collectors, handed to the writer) in batches:
-# code run once per step runs cold, right after a step flushed the caches, and costs several times
-# what it costs run 16 times in a row. A collector that needs its record read at once (a non-finite
-# step) returns schema.READ_NOW in its fields.
-READ_EVERY_STEPS = 16
-READ_EVERY_S = 0.5
 
 
 def profile(run_dir: str | os.PathLike, **options: Any) -> "Profiler":
@@ -128,7 +121,6 @@ class Profiler:
         self.run_id = uuid.uuid4().hex
         self.step_index = 0
         self._pending: deque[tuple[PendingRecord, list]] = deque()
-        self._next_read_s = 0.0
         self._started = self._closed = False
         self._broken = False
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
@@ -160,7 +152,6 @@ class Profiler:
         if self._backward is not None:
             self._guarded(self._backward.attach)
         self._write_meta(status="running")
-        atexit.register(self._read_pending_at_exit)  # runs before the writer's own exit flush (registered earlier)
         self._guarded(self._begin_step)
         return self
 
@@ -168,7 +159,6 @@ class Profiler:
         if not self._started or self._closed:
             return
         self._closed = True
-        atexit.unregister(self._read_pending_at_exit)
         self._guarded(self._drain, True)
         if self._backward is not None:
             self._backward.detach()
@@ -290,11 +280,9 @@ class Profiler:
         for extra in self.collectors.call("on_step_end", self, state):
             if extra:
                 fields.update(extra)
-        read_now = fields.pop(schema.READ_NOW, False)
         self._pending.append((PendingRecord(fields), self._stamps_to_wait_for(end, automatic)))
         own_work_s.append(time.perf_counter() - own_work_started)
-        if read_now or len(self._pending) >= READ_EVERY_STEPS or time.monotonic() >= self._next_read_s:
-            self._drain(False)
+        self._drain(False)
         self.step_index += 1
         self._begin_step()
 
@@ -302,7 +290,6 @@ class Profiler:
         """Reads the records that are ready: values resolved, collectors' on_step_record, one write."""
         if final and self.device.type == "cuda" and self._pending:
             torch.cuda.synchronize(self.device)  # once, at close
-        self._next_read_s = time.monotonic() + READ_EVERY_S
         written = []
         while self._pending and self._ready(*self._pending[0]):
             record = self._pending.popleft()[0].resolve()
@@ -311,11 +298,6 @@ class Profiler:
             written.append({k: v for k, v in record.items() if not k.startswith("_")})
         if written:
             self.writer.write("steps", written)
-
-    def _read_pending_at_exit(self) -> None:
-        """A loop that never closes its profiler still leaves its last step records to the writer."""
-        if self._active:
-            self._guarded(self._drain, True)
 
     def _stamps_to_wait_for(self, end, automatic: PhaseTimes | None) -> list:
         """Phases may run on other streams: a record waits for every stamp, not only its own copy.

@@ -89,14 +89,14 @@ class StepKeeping:
         if self.keeper is not None:
             self.keeper.release(step)
 
-    def before_update(self, grad_norm: torch.Tensor) -> None:
+    def before_update(self, grad_norm: torch.Tensor | float) -> None:
         """The step's gradient norm, taken before the optimizer's update: the weights are still those the
         step started from, so gradients that went non-finite are the moment to copy them."""
         inputs = self.current
         if not self.lazily or inputs is None or inputs.state_kept:
             return
         # a host read: free on the CPU; explicit keep_state="when_bad" on a GPU pays this sync (documented)
-        if math.isfinite(grad_norm.item()):
+        if math.isfinite(grad_norm):
             inputs.updated_first = True  # an update may follow before anything else is seen to go bad
         else:
             self._keep_now(inputs)
@@ -150,8 +150,8 @@ class _WeightSample:
     it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
     pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
     and re-made every `refresh_steps` steps (a weight replaced in between is seen late). On the
-    CPU a step costs one copy of the sample, reduced when the step's record is read (in a batch,
-    warm); elsewhere three small device ops, read with the record.
+    CPU a step costs one copy of the sample, reduced when the step's record is read; elsewhere
+    three small device ops, read with the record.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):

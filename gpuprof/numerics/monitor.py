@@ -27,7 +27,7 @@ from gpuprof.numerics.skip import SkipBadUpdates
 from gpuprof.numerics.state import StepInputs, live_tensors
 from gpuprof.numerics.tape import Tape, autocast_now
 from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
-from gpuprof.run.schema import READ_NOW, EventKind
+from gpuprof.run.schema import EventKind
 
 _FLAGS = ("loss", "grads", "params", "optimizer_state", "scaler_overflow")
 
@@ -118,11 +118,8 @@ class NumericsMonitor:
         inputs.tape = self._tape.take() if self._tape is not None else None
         watched = self._watched_values(state, inputs)
         self._keeping.end(inputs, watched, len(_FLAGS))
-        fields = {"_numerics_values": watched, "_numerics_lr": _first_lr(inputs.hyper),
-                  "_numerics_param_absmax": inputs.param_absmax}
-        if isinstance(watched, list) and _nonfinite(watched):  # seen on the host: investigate it now
-            fields[READ_NOW] = True
-        return fields
+        return {"_numerics_values": watched, "_numerics_lr": _first_lr(inputs.hyper),
+                "_numerics_param_absmax": inputs.param_absmax}
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]

@@ -37,9 +37,6 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
     "layers": ("step", "rank", "layer", "level", "grad_norm", "update_ratio"),
 }
 STREAMS = tuple(STREAM_COLUMNS)
-# A step field a collector returns (not written) to have the step's record read at once instead of
-# with the next batch: the NaN forensics on a step it already saw go non-finite.
-READ_NOW = "_read_now"
 LIST_COLUMNS = {"system": ("throttle_reasons",)}
 # Booleans (a rank that never wrote one stores an all-null float column instead).
 FLAG_COLUMNS = {"steps": ("grad_norm_finite", "loss_finite", "step_skipped")}

@@ -20,7 +20,6 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import gpuprof
-from gpuprof.capture import profiler
 from capture_loop import batch, tiny_model
 
 NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
@@ -70,7 +69,6 @@ def main() -> None:
             lambda p: p.grad.to_local().view(-1)[0].fill_(float("nan")) if step_now["step"] == args.nan_step else None)
     if args.fail_step is not None and rank == args.fail_rank:
         fail_at(step_now, args.fail_step, args.fail_in)
-        profiler.READ_EVERY_STEPS = 1  # each record read at its own step, so a failure reading it lands there
     seen = {"losses": [], "clip_norms": [], "block_norms": []}
     with gpuprof.profile(args.run_dir, model=model, optimizer=optimizer, layer_interval=1) as prof:
         for step in range(args.steps):

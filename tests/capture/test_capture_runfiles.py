@@ -72,7 +72,7 @@ for step in range(5):
 
 
 def test_a_loop_that_never_closes_its_profiler_leaves_every_step(tmp_path):
-    """Step records are read in batches; the ones still unread when the interpreter exits are written then."""
+    """The step records the writer still buffers when the interpreter exits are written then."""
     subprocess.run([sys.executable, "-c", NEVER_CLOSED, str(tmp_path / "run")], check=True, timeout=120)
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["status"] == "running"
