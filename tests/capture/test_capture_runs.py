@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.nn.utils import clip_grad
 from capture_loop import BATCH, SEQ, batch, tiny_model, train
 
 import gpuprof
@@ -126,6 +127,12 @@ def test_the_loops_own_clip_norm_is_recorded_without_a_pass_of_gpuprofs(tmp_path
     seen = train(tmp_path / "run", steps=3, layer_interval=0, update_ratio_interval=0)
     np.testing.assert_allclose(gpuprof.load_run(tmp_path / "run").steps["grad_norm"], seen["clip_norms"], rtol=1e-6)
     assert own_passes == []
+
+
+def test_the_clip_watch_leaves_torch_as_it_found_it(tmp_path):
+    original = clip_grad._get_total_norm
+    train(tmp_path / "run", steps=2)
+    assert clip_grad._get_total_norm is original
 
 
 @pytest.mark.parametrize("clip", ["none", "first_block"])
