@@ -11,9 +11,10 @@ inside `optimizer.step(closure)`, as Lightning does), is not finite, else at the
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
-import numpy as np
 import torch
 
 from gpuprof.modules import eager_model, local_tensor
@@ -149,32 +150,26 @@ class _WeightSample:
     it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
     pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
     and re-made every `refresh_steps` steps (a weight replaced in between is seen late). On the
-    CPU they are NumPy views of the weights' memory, read at once in three NumPy calls (a
-    torch op's dispatch, run once per step on caches the step just flushed, costs several times
-    more); elsewhere three small device ops, read with the record.
+    CPU a step costs one copy of the sample, reduced when the step's record is read; elsewhere
+    three small device ops, read with the record.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):
         self._model, self._device, self._refresh_steps = model, device, refresh_steps
-        self._views: list | None = None
+        self._views: list[torch.Tensor] | None = None
 
-    def absmax(self, step: int) -> torch.Tensor | float:
+    def absmax(self, step: int) -> torch.Tensor | Callable[[], float]:
         if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
-            self._views = self._sample_views()
+            weights = _local([p.detach() for p in self._model.parameters()])
+            self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
+                           if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
         if not self._views:
             return torch.zeros((), device=self._device)
-        if isinstance(self._views[0], np.ndarray):
-            sample = np.concatenate(self._views)
-            return float(np.abs(sample, out=sample).max())  # NaN propagates
-        return torch.cat(self._views).abs().max().float()  # NaN propagates
-
-    def _sample_views(self) -> list:
-        weights = _local([p.detach() for p in self._model.parameters()])
-        views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
-                 if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
-        if self._device.type == "cpu" and all(view.dtype in _NUMPY_FLOATS for view in views):
-            return [view.numpy() for view in views]
-        return views
+        sample = torch.cat(self._views)
+        if self._device.type == "cpu":
+            return functools.partial(_largest_abs_value, sample)
+        return sample.abs().max().float()  # NaN propagates
 
 
-_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)  # not bfloat16
+def _largest_abs_value(sample: torch.Tensor) -> float:
+    return sample.abs().max().item()  # NaN propagates
