@@ -1,9 +1,14 @@
-"""The kept state: frozen on the device by a bad step even when the host reads the flag later (CUDA's case)."""
+"""The kept state: frozen on the device by a bad step even when the host reads the flag later (CUDA's case);
+the weight sample read every step."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
+from gpuprof.numerics.keeping import _WeightSample
 from gpuprof.numerics.state import StateKeeper, live_tensors
 
 
@@ -47,3 +52,18 @@ def test_state_that_appears_later_starts_a_new_generation():
     assert "weight::exp_avg" not in keeper.state_before(0) and "weight::exp_avg" in keeper.state_before(1)
     keeper.release(1)
     assert keeper.state_before(0) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_weight_sample_follows_updates_made_in_place(dtype):
+    model, optimizer, _ = _setup()
+    model.to(dtype)
+    sample = _WeightSample(model, torch.device("cpu"), refresh_steps=50)
+    largest = lambda: max(p.detach().abs().max().item() for p in model.parameters())  # noqa: E731
+    assert sample.absmax(0) == largest()
+    with torch.no_grad():
+        model.weight.mul_(1e3)  # what an oversized update does, in place
+    assert sample.absmax(1) == largest() > 1.0
+    with torch.no_grad():
+        model.bias[0] = float("nan")
+    assert math.isnan(sample.absmax(2))
