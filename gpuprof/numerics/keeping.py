@@ -148,21 +148,19 @@ class _WeightSample:
     it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
     pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
     and re-made every `refresh_steps` steps (a weight replaced in between is seen late), so a
-    step costs three small ops (on the CPU read at once, no sync there). NumPy views of the
-    weights were tried on the CPU: their code, which the loop itself never runs, is cold at every
-    step and cost about four times as much.
+    step costs three small ops. NumPy views of the weights were tried on the CPU: their code,
+    which the loop itself never runs, is cold at every step and cost about four times as much.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):
         self._model, self._device, self._refresh_steps = model, device, refresh_steps
         self._views: list[torch.Tensor] | None = None
 
-    def absmax(self, step: int) -> torch.Tensor | float:
+    def absmax(self, step: int) -> torch.Tensor:
         if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
             weights = _local([p.detach() for p in self._model.parameters()])
             self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
                            if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
         if not self._views:
             return torch.zeros((), device=self._device)
-        largest = torch.cat(self._views).abs().max()  # NaN propagates
-        return largest.item() if self._device.type == "cpu" else largest.float()
+        return torch.cat(self._views).abs().max().float()  # NaN propagates; read with the step record

@@ -116,7 +116,7 @@ class StepInputs:
     autocast: dict[str, Any] | None = None
     tape: Any = None  # tape.StepTape: the step's forward calls and loss program
     batch: Any = None
-    param_absmax: Any = None  # largest |weight| at the start of the step: a device value, or a float on the CPU
+    param_absmax: torch.Tensor | None = None  # largest |weight| at the start of the step (device)
     state_kept: bool = False  # lazy keeping (CPU): whether this step's state was copied
     updated_first: bool = False  # lazy keeping: an update with finite gradients ran before the copy
 
