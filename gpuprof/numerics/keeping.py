@@ -163,4 +163,4 @@ class _WeightSample:
                            if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
         if not self._views:
             return torch.zeros((), device=self._device)
-        return torch.cat(self._views).abs().max().float()  # NaN propagates; read with the step record
+        return torch.cat(self._views).abs_().max()  # NaN propagates; read with the step record
