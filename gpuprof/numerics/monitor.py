@@ -165,7 +165,7 @@ class NumericsMonitor:
         values = [state.loss, grads, params, optimizer, overflow]
         if self._prof.device.type == "cpu":
             return [_host_float(value) for value in values]
-        return torch.stack([_device_float(value, self._zero) for value in values])
+        return torch.stack([_device_float(value, self._zero, self._inf) for value in values])
 
     def _state_absmax(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The largest |parameter| and |optimizer state tensor|."""
@@ -230,11 +230,14 @@ def _host_float(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
-def _device_float(value: Any, zero: torch.Tensor) -> torch.Tensor:
-    """A watched value as a float32 scalar on the device; `zero` (finite) for one not watched or not a tensor."""
-    if not isinstance(value, torch.Tensor):
-        return zero
-    return (value if value.dim() == 0 else value.sum()).detach().to(zero.device, torch.float32)
+def _device_float(value: Any, zero: torch.Tensor, inf: torch.Tensor) -> torch.Tensor:
+    """A watched value as a float32 scalar on the device; a host number (a loss passed as a float) as
+    `zero` or `inf` by its finiteness, with no copy to the device; `zero` (finite) for one not watched."""
+    if isinstance(value, torch.Tensor):
+        return (value if value.dim() == 0 else value.sum()).detach().to(zero.device, torch.float32)
+    if isinstance(value, (int, float)):
+        return zero if math.isfinite(value) else inf
+    return zero
 
 
 def _first_lr(hyper: list[dict]) -> float | None:

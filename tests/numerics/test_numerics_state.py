@@ -1,5 +1,5 @@
 """The kept state: frozen on the device by a bad step even when the host reads the flag later (CUDA's case);
-the weight sample read every step."""
+the weight sample read every step; the watched loss on either path."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gpuprof.numerics.keeping import _WeightSample
+from gpuprof.numerics.monitor import _device_float, _host_float
 from gpuprof.numerics.state import StateKeeper, live_tensors
 
 
@@ -67,3 +68,12 @@ def test_the_weight_sample_follows_updates_made_in_place(dtype):
     with torch.no_grad():
         model.bias[0] = float("nan")
     assert math.isnan(sample.absmax(2).item())
+
+
+@pytest.mark.parametrize("loss, flagged", [(2.5, False), (float("nan"), True), (float("inf"), True),
+                                           (torch.tensor(float("nan")), True), (None, False)])
+def test_a_loss_is_watched_on_the_device_path_as_on_the_host_one(loss, flagged):
+    """A loss passed as a float reaches the device vector by its finiteness alone (no copy to the device)."""
+    zero, inf = torch.zeros(()), torch.full((), math.inf)
+    assert (not math.isfinite(_device_float(loss, zero, inf).item())) == flagged
+    assert (not math.isfinite(_host_float(loss))) == flagged
