@@ -4,19 +4,27 @@ sync-freedom, NaN forensics, trace and run analysis (issue 7).
     python benchmarks/gpu_validate.py OUT_DIR                                      # CUDA, GPT-2 124M
     python benchmarks/gpu_validate.py OUT_DIR --device cpu --model tiny --steps 5   # dry run on CPU
 
-Sections (each guarded: a failure is recorded with its traceback and the rest still run):
+Sections, in this order (each guarded: a failure is recorded with its traceback and the rest still run;
+the quick ones first, so a run cut short keeps what they measured):
   environment  GPU, driver, torch/CUDA versions; measured bf16 matmul TFLOP/s and device-to-device
                copy GB/s (on CPU: fp32/bf16 matmul GFLOP/s and memcpy GB/s)
-  reference    `gpuprof train` baseline, optimized, optimized + torch.compile, each in its own process
-               (so peak memory and TF32 settings are its own); figures from the recorded runs' summary
-  overhead     the optimized model in benchmarks/overhead.py's loop, bare vs always-on capture, interleaved
-  sync_debug   torch.cuda.set_sync_debug_mode("error") around healthy captured steps, then "warn" to name
-               any synchronizing call site (CUDA only)
+  overhead     the optimized model in benchmarks/overhead.py's loop, bare vs always-on capture, interleaved,
+               on loops written the ways users write them (loss outside the model, with and without
+               clip_grad_norm_, or labels= with phases marked), and with numerics' state kept every step
+               or not at all
+  overhead_small_step  benchmarks/overhead.py's small-step loop (tiny GPT-2, 4x64 tokens) on this device
+  sync_debug   torch.cuda.set_sync_debug_mode("error") around healthy captured steps of each default loop,
+               then "warn" to name any synchronizing call site (CUDA only)
   forensics    `gpuprof train --inject` attn-overflow (fp16) and embedding-nan; the blame, and `gpuprof replay`
+  forensics_any_loop  the workload's faults in a nanoGPT-style user loop (loss outside the model, GradScaler
+               for fp16): the blame, and `gpuprof replay` where the model is a plain Hugging Face one
   trace        a short torch.profiler window of the optimized loop, analyzed by `gpuprof trace`
   memory       `prof.memory_snapshot()` with `memory_history=True` on the optimized loop, read back as the
                dashboard's Memory page reads it (CUDA only)
+  reference    `gpuprof train` baseline and optimized, each in its own process (so peak memory and TF32
+               settings are its own); figures from the recorded runs' summary, and what NVML sampled
   analyze      `gpuprof analyze` on every recorded run
+  reference_compiled  optimized + torch.compile, the same way (last: compiling takes longest)
 Everything goes under OUT_DIR: runs/, logs/, trace.txt/.json, analyze/, results.json (the record, rewritten
 after every section), results.md; a short table is printed last.
 
@@ -37,7 +45,6 @@ import contextlib
 import importlib.metadata
 import io
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import overhead  # benchmarks/overhead.py, beside this script
 
@@ -61,18 +70,32 @@ from gpuprof.hardware import peak_flops_per_s
 from gpuprof.numerics.blame import Blame, format_blame
 from gpuprof.run.schema import EventKind
 from gpuprof.workloads.gpt2 import TrainConfig, build_model, build_optimizer
+from gpuprof.workloads.gpt2.faults import Injector, parse
 from gpuprof.workloads.gpt2.model import compute_dtype, enable_tf32
 
 SCHEMA = "gpuprof.gpu_validate"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 OVERHEAD_TARGET_PCT = 1.0
 REFERENCE_TIMEOUT_S = 240  # one `gpuprof train` process; torch.compile's first step dominates
 # Each reference variant: `gpuprof train` flags on top of the shared ones.
 VARIANTS = {
     "baseline": ["--variant", "baseline"],
     "optimized": ["--variant", "optimized"],
-    "optimized_compiled": ["--variant", "optimized", "--compile"],
 }
+COMPILED_VARIANT, COMPILED_FLAGS = "optimized_compiled", ["--variant", "optimized", "--compile"]
+# Capture overhead: loop name -> (overhead.train_steps' loop arguments, gpuprof.profile options).
+LOOSE = dict(marked=False, loss_outside=True)  # a plain loop: no prof.phase(), the loss computed outside the model
+OVERHEAD_LOOPS = {
+    "loss outside, no clipping": ({**LOOSE, "clip": False}, {}),
+    "loss outside, clip_grad_norm_": ({**LOOSE, "clip": True}, {}),
+    "labels=, phases marked": (dict(marked=True, loss_outside=False, clip=True), {}),
+    "loss outside, no clipping, keep_state every_step": ({**LOOSE, "clip": False},
+                                                         {"numerics": {"keep_state": "every_step"}}),
+    "loss outside, no clipping, keep_state off": ({**LOOSE, "clip": False}, {"numerics": {"keep_state": False}}),
+}
+DEFAULT_LOOPS = tuple(OVERHEAD_LOOPS)[:3]  # every default on: the headline is the worst of these
+SYNC_LOOPS = DEFAULT_LOOPS
+SMALL_STEP_STEPS = 20
 # What the summary's ratios compare (optimized over baseline).
 RATIO_METRICS = ("step_time_p50_s", "tokens_per_s", "mfu", "peak_mem_allocated_bytes")
 # The culprit each fault has by construction (gpuprof/workloads/gpt2/faults.py).
@@ -82,6 +105,19 @@ FAULTS = {
     "embedding-nan": {"flags": [], "phase": "state", "where": "transformer.wte", "first": "nan"},
 }
 FAULT_STEP = 1
+# The same faults in a user's loop (tests/numerics/numerics_helpers.py's FAULT_CASES, on the tiny model):
+# replayable where the model is a plain Hugging Face one (sqrt-zero adds a module of its own).
+ANY_LOOP_FAULTS = {
+    "attn-overflow": {"precision": "fp16", "attention": "eager", "step": 1, "phase": "forward", "where": ".attn",
+                      "first": "inf", "replayable": True},
+    "ignored-labels": {"precision": "bf16", "step": 1, "phase": "loss", "where": "", "first": "nan", "replayable": True},
+    "sqrt-zero": {"precision": "bf16", "step": 1, "phase": "backward", "where": ".mlp", "first": "inf",
+                  "replayable": False},
+    # weights of 1e20: which op overflows first, and to inf or NaN, depends on the model's size
+    "lr-spike": {"precision": "bf16", "step": 2, "phase": "forward", "where": "", "first": None, "replayable": True},
+}
+ANY_LOOP_LR = 1e-4
+OVERHEAD_MODEL = {"gpt2": "124m", "tiny": "tiny"}  # this script's --model as benchmarks/overhead.py names it
 
 
 @dataclass(frozen=True)
@@ -94,6 +130,7 @@ class Plan:
     micro_batch: int  # sequences per step in the overhead, sync and trace loops
     overhead_reps: int
     overhead_steps: int
+    small_step_pairs: int
     sync_steps: int
     fault_batch_size: int
     fault_seq_len: int
@@ -101,10 +138,10 @@ class Plan:
 
 
 PLANS = {
-    "gpt2": Plan(batch_size=16, seq_len=1024, vocab_size=50304, micro_batch=8, overhead_reps=6,
-                 overhead_steps=10, sync_steps=5, fault_batch_size=4, fault_seq_len=256, matmul_size=8192),
+    "gpt2": Plan(batch_size=16, seq_len=1024, vocab_size=50304, micro_batch=8, overhead_reps=8,
+                 overhead_steps=10, small_step_pairs=15, sync_steps=5, fault_batch_size=4, fault_seq_len=256, matmul_size=8192),
     "tiny": Plan(batch_size=8, seq_len=64, vocab_size=4096, micro_batch=4, overhead_reps=2,
-                 overhead_steps=2, sync_steps=3, fault_batch_size=4, fault_seq_len=64, matmul_size=512),
+                 overhead_steps=2, small_step_pairs=2, sync_steps=3, fault_batch_size=4, fault_seq_len=64, matmul_size=512),
 }
 
 
@@ -216,8 +253,11 @@ class Workbench:
         return cls(model, build_optimizer(model, config), tokens, compute_dtype(config, device),
                    model_flops_per_token(model, plan.seq_len))
 
-    def steps(self, prof, n: int, device: torch.device) -> None:
-        overhead.train_steps(prof, self.model, self.optimizer, self.tokens, n, self.dtype, device)
+    def steps(self, prof, n: int, device: torch.device, loop: dict | None = None) -> None:
+        overhead.train_steps(prof, self.model, self.optimizer, self.tokens, n, self.dtype, device, **(loop or {}))
+
+    def timed_steps(self, prof, n: int, device: torch.device, loop: dict) -> dict[str, float]:
+        return overhead.timed_steps(prof, n, self.model, self.optimizer, self.tokens, device, self.dtype, **loop)
 
     def profile(self, run_dir: Path, **options):
         return gpuprof.profile(run_dir, model=self.model, optimizer=self.optimizer,
@@ -308,21 +348,38 @@ def synchronize(device: torch.device) -> None:
 def section_reference(bench: Bench) -> dict:
     variants, summaries = {}, {}
     for name, flags in VARIANTS.items():
-        if name == "optimized_compiled" and bench.args.skip_compile:
-            variants[name] = {"status": "skipped", "note": "--skip-compile"}
-            continue
-        run_dir = bench.runs / name
-        command = [sys.executable, "-m", "gpuprof", "train", *bench.train_flags(), *flags,
-                   "--steps", str(bench.args.steps), "--batch-size", str(bench.plan.batch_size),
-                   "--log-every", str(bench.args.steps), "--run-dir", str(run_dir)]
-        variants[name] = run_reference(command, run_dir, bench.logs / f"reference-{name}.log")
-        if variants[name]["status"] == "ok":
-            run = gpuprof.load_run(run_dir)
-            summaries[name] = summarize(run)
-            variants[name].update(reference_figures(summaries[name], run.meta))
+        variants[name], summary = reference_variant(bench, name, flags)
+        if summary is not None:
+            summaries[name] = summary
     if "baseline" not in summaries:
         raise RuntimeError(f"the baseline run failed: {variants['baseline'].get('error')}")
     return {"variants": variants, "ratios_vs_baseline": ratios(summaries), **failures(variants)}
+
+
+def section_reference_compiled(bench: Bench) -> dict:
+    """The optimized variant under torch.compile; last, since its compilation takes longest."""
+    if bench.args.skip_compile:
+        raise SectionSkipped("--skip-compile")
+    record, summary = reference_variant(bench, COMPILED_VARIANT, COMPILED_FLAGS)
+    if summary is None:
+        raise RuntimeError(record["error"])
+    baseline = summarize(gpuprof.load_run(bench.runs / "baseline"))
+    return {"variant": record, "ratio_vs_baseline": ratios({"baseline": baseline, COMPILED_VARIANT: summary})[COMPILED_VARIANT]}
+
+
+def reference_variant(bench: Bench, name: str, flags: list[str]):
+    """One `gpuprof train` process: its record, and the recorded run's summary (None if it failed)."""
+    run_dir = bench.runs / name
+    command = [sys.executable, "-m", "gpuprof", "train", *bench.train_flags(), *flags,
+               "--steps", str(bench.args.steps), "--batch-size", str(bench.plan.batch_size),
+               "--log-every", str(bench.args.steps), "--run-dir", str(run_dir)]
+    record = run_reference(command, run_dir, bench.logs / f"reference-{name}.log")
+    if record["status"] != "ok":
+        return record, None
+    run = gpuprof.load_run(run_dir)
+    summary = summarize(run)
+    record.update(reference_figures(summary, run))
+    return record, summary
 
 
 def run_reference(command: list[str], run_dir: Path, log: Path) -> dict:
@@ -343,12 +400,16 @@ REFERENCE_FIGURES = ("n_steps", "measured_steps", "warmup", "step_time_p50_s", "
                      "tokens_per_s", "mfu", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes", "health")
 
 
-def reference_figures(summary, meta: dict) -> dict:
-    """The recorded run's figures as its summary computes them, and the knobs that made them."""
+def reference_figures(summary, run) -> dict:
+    """The recorded run's figures as its summary computes them, the knobs that made them, and what
+    the device sampler and the step timing recorded."""
     figures = summary.to_dict()
-    config = meta.get("config") or {}
-    return {**{key: figures[key] for key in REFERENCE_FIGURES}, "compute_dtype": meta.get("compute_dtype"),
-            "peak_flops_per_s": meta.get("peak_flops_per_s"),
+    config = run.meta.get("config") or {}
+    system = run.system
+    sampled = [column for column in system.columns if system[column].notna().any()]
+    return {**{key: figures[key] for key in REFERENCE_FIGURES}, "compute_dtype": run.meta.get("compute_dtype"),
+            "peak_flops_per_s": run.meta.get("peak_flops_per_s"), "clock": run.meta.get("clock"),
+            "system_samples": len(system), "sampled_columns": sampled,
             **{knob: config.get(knob) for knob in ("attention", "fused_adamw", "compile", "grad_accum")}}
 
 
@@ -373,23 +434,37 @@ def ratios(summaries: dict) -> dict:
 
 
 def section_overhead(bench: Bench) -> dict:
-    """overhead.py's timed blocks on the optimized model, bare and captured, order alternating per rep."""
+    """overhead.py's interleaved bare/captured blocks on the optimized model, for loops written the ways
+    users write them, and for parts of the capture changed one at a time. The headline is the least
+    flattering loop with every default on."""
     workbench, plan = bench.workbench, bench.plan
-    timing = argparse.Namespace(steps=plan.overhead_steps, clock="wall")
-    blocks = overhead.interleaved_blocks(
-        plan.overhead_reps,
-        lambda prof: overhead.timed_block(prof, timing, workbench.model, workbench.optimizer, workbench.tokens,
-                                          bench.device, workbench.dtype),
-        lambda rep: workbench.profile(bench.runs / "overhead" / f"rep-{rep}"))
-    reps = [{"bare_step_s": bare, "capture_step_s": capture, "ratio": capture / bare}
-            for _, bare, capture in blocks]
-    overhead_pct = 100 * (statistics.median(rep["ratio"] for rep in reps) - 1)
-    return {"reps": reps, "steps_per_block": plan.overhead_steps,
-            "tokens_per_step": workbench.tokens.numel(),
-            "bare_step_s": statistics.median(rep["bare_step_s"] for rep in reps),
-            "capture_step_s": statistics.median(rep["capture_step_s"] for rep in reps),
-            "overhead_pct": overhead_pct, "target_pct": OVERHEAD_TARGET_PCT,
-            "within_target": overhead_pct <= OVERHEAD_TARGET_PCT}
+    loops = {}
+    for name, (loop, options) in OVERHEAD_LOOPS.items():
+        pairs = overhead.collect_pairs(
+            plan.overhead_reps,
+            lambda prof: workbench.timed_steps(prof, plan.overhead_steps, bench.device, loop),
+            lambda rep: workbench.profile(bench.runs / "overhead" / f"{slug(name)}-{rep}", **options),
+            verbose_label=name)
+        loops[name] = {**pairs.figures(), "overhead_pct": 100 * (pairs.median_ratio() - 1), "options": options}
+    headline = max(DEFAULT_LOOPS, key=lambda name: loops[name]["overhead_pct"])
+    overhead_pct = loops[headline]["overhead_pct"]
+    return {"loops": loops, "headline_loop": headline, "steps_per_block": plan.overhead_steps,
+            "tokens_per_step": workbench.tokens.numel(), "overhead_pct": overhead_pct,
+            "target_pct": OVERHEAD_TARGET_PCT, "within_target": overhead_pct <= OVERHEAD_TARGET_PCT}
+
+
+def slug(name: str) -> str:
+    return "-".join("".join(c if c.isalnum() else " " for c in name).split())
+
+
+def section_overhead_small_step(bench: Bench) -> dict:
+    """benchmarks/overhead.py's own small-step loop (tiny GPT-2, 4x64 tokens, loss outside the model, no
+    clipping, fp32) on this device: the step is short, so gpuprof's host work per step weighs most."""
+    args = argparse.Namespace(model="tiny", device=bench.args.device, dtype="fp32", batch=4, seq=64,
+                              steps=SMALL_STEP_STEPS, phases=False, loss="outside", no_clip=True)
+    small = overhead.Bench(args, bench.runs / "overhead-small-step")
+    pairs = small.pairs({}, bench.plan.small_step_pairs, "small step", verbose=True)
+    return {**pairs.figures(), "loop": overhead.describe(args, small), "overhead_pct": 100 * (pairs.median_ratio() - 1)}
 
 
 # --------------------------------------------------------------------------- 4. sync debug mode
@@ -399,36 +474,44 @@ SWITCHED_OFF_KINDS = ("collector_disabled", "profiler_disabled")
 
 
 def section_sync_debug(bench: Bench) -> dict:
-    """Healthy captured steps with CUDA syncs turned into errors. gpuprof swallows its own errors
-    (switching that part off), so a sync inside capture also shows as a switched-off event; a pass
-    in "warn" mode names every synchronizing call site, so a sync in the model's own code is told apart."""
+    """Healthy captured steps with CUDA syncs turned into errors, on each loop of SYNC_LOOPS. gpuprof
+    swallows its own errors (switching that part off), so a sync inside capture also shows as a
+    switched-off event; a pass in "warn" mode names every synchronizing call site, so a sync in the
+    loop's own code is told apart."""
     if bench.device.type != "cuda":
         raise SectionSkipped("CUDA only: torch.cuda.set_sync_debug_mode watches CUDA stream synchronizations")
-    workbench, run_dir = bench.workbench, bench.runs / "sync-debug"
-    _, bare_sites = under_sync_debug(workbench, overhead.Bare(), bench, "warn")
+    loops = {name: sync_check(bench, name, OVERHEAD_LOOPS[name][0]) for name in SYNC_LOOPS}
+    return {"checked_steps": bench.plan.sync_steps, "loops": loops,
+            "gpuprof_sync_free": all(loop["gpuprof_sync_free"] for loop in loops.values()),
+            "no_sync": all(loop["no_sync"] for loop in loops.values())}
+
+
+def sync_check(bench: Bench, name: str, loop: dict) -> dict:
+    workbench, run_dir = bench.workbench, bench.runs / f"sync-debug-{slug(name)}"
+    _, bare_sites = under_sync_debug(workbench, overhead.Bare(), bench, "warn", loop)
     with workbench.profile(run_dir) as prof:
-        error, _ = under_sync_debug(workbench, prof, bench, "error")
-        _, sites = under_sync_debug(workbench, prof, bench, "warn")
+        error, _ = under_sync_debug(workbench, prof, bench, "error", loop)
+        _, sites = under_sync_debug(workbench, prof, bench, "warn", loop)
     events = gpuprof.load_run(run_dir).events
     switched_off = events[events["kind"].isin(SWITCHED_OFF_KINDS)]["message"].tolist()
     gpuprof_sites = [site for site in sites if f"{Path(gpuprof.__file__).parent}" in site]
-    return {"checked_steps": bench.plan.sync_steps, "sync_error": error, "switched_off": switched_off,
-            "sync_sites": sites, "gpuprof_sync_sites": gpuprof_sites, "bare_loop_sync_sites": bare_sites,
-            "run_dir": str(run_dir), "gpuprof_sync_free": not switched_off and not gpuprof_sites,
+    return {"sync_error": error, "switched_off": switched_off, "sync_sites": sites, "gpuprof_sync_sites": gpuprof_sites,
+            "bare_loop_sync_sites": bare_sites, "run_dir": str(run_dir),
+            "gpuprof_sync_free": not switched_off and not gpuprof_sites,
             "no_sync": error is None and not switched_off and not gpuprof_sites}
 
 
-def under_sync_debug(workbench: Workbench, prof, bench: Bench, mode: str) -> tuple[str | None, list[str]]:
+def under_sync_debug(workbench: Workbench, prof, bench: Bench, mode: str, loop: dict) -> tuple[str | None, list[str]]:
     """`sync_steps` steps after two warm-up ones under set_sync_debug_mode(mode): the error a
     synchronizing call raised ("error"), and the file:line of each one that warned ("warn")."""
-    workbench.steps(prof, 2, bench.device)  # warm-up: lazy initialisation may synchronize once
+    workbench.steps(prof, 2, bench.device, loop)  # warm-up: lazy initialisation may synchronize once
     torch.cuda.synchronize()
     error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode(mode)
         try:
-            workbench.steps(prof, bench.plan.sync_steps, bench.device)
+            workbench.steps(prof, bench.plan.sync_steps, bench.device, loop)
         except RuntimeError as raised:
             error = f"{raised}\n{traceback.format_exc()[-2000:]}"
         finally:
@@ -444,6 +527,62 @@ def under_sync_debug(workbench: Workbench, prof, bench: Bench, mode: str) -> tup
 def section_forensics(bench: Bench) -> dict:
     faults = {fault: guarded(inject, bench, fault, expected) for fault, expected in FAULTS.items()}
     return {"faults": faults, **failures(faults)}
+
+
+def section_forensics_any_loop(bench: Bench) -> dict:
+    """The workload's faults in a loop written as users write them (no workload code in the loop):
+    each blame, and `gpuprof replay` of its bundle where the model is a plain Hugging Face one."""
+    faults = {fault: guarded(any_loop_fault, bench, fault, expected) for fault, expected in ANY_LOOP_FAULTS.items()}
+    return {"faults": faults, **failures(faults)}
+
+
+def any_loop_fault(bench: Bench, fault: str, expected: dict) -> dict:
+    run_dir = bench.runs / f"any-loop-{fault}"
+    user_loop(bench, run_dir, fault, expected)
+    blame = recorded_blame(run_dir)
+    print(format_blame(blame), flush=True)
+    where = blame.tensor or blame.module or ""
+    record = {"run_dir": str(run_dir), "precision": expected["precision"], "blame": blame.details(),
+              "keep_state": gpuprof.load_run(run_dir).meta.get("numerics_keep_state"),
+              "blame_text": format_blame(blame),
+              "matches_expected": (blame.step == expected["step"] and blame.phase == expected["phase"]
+                                   and expected["where"] in where and expected["first"] in (None, blame.first))}
+    if expected["replayable"]:
+        replay_code, replay_output = cli(["replay", blame.bundle, "--device", bench.args.device],
+                                         bench.logs / f"replay-any-loop-{fault}.log")
+        record.update(replay_exit_code=replay_code, replay_same_blame=replay_code == 0, replay_output=replay_output)
+    return record
+
+
+def user_loop(bench: Bench, run_dir: Path, fault: str, expected: dict) -> None:
+    """nanoGPT's shape: logits from the model, F.cross_entropy outside it, a GradScaler for fp16,
+    AdamW, profiled with gpuprof.profile's defaults; the fault applied to this loop's own model."""
+    device, plan = bench.device, bench.plan
+    injector = Injector([parse(f"{fault}@{FAULT_STEP}")])
+    torch.manual_seed(0)
+    config = GPT2Config(**overhead.MODELS[OVERHEAD_MODEL[bench.args.model]], bos_token_id=0, eos_token_id=0,
+                        attn_implementation=expected.get("attention", "sdpa"))
+    model = injector.prepare_model(GPT2LMHeadModel(config)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ANY_LOOP_LR)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**8, enabled=expected["precision"] == "fp16")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[expected["precision"]]
+    generator = torch.Generator().manual_seed(1)
+    with gpuprof.profile(run_dir, model=model, optimizer=optimizer, scaler=scaler) as prof:
+        for step in range(expected["step"] + 2):
+            for group in optimizer.param_groups:
+                group["lr"] = injector.lr(step, ANY_LOOP_LR)
+            injector.before_step(step, model)
+            x = torch.randint(0, config.vocab_size, (plan.fault_batch_size, plan.fault_seq_len), generator=generator)
+            x = x.to(device)
+            y = injector.targets(step, x.roll(-1, 1))
+            with torch.autocast(device.type, dtype=dtype):
+                logits = model(x).logits
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            prof.step(loss=loss.detach(), tokens=x.numel())
 
 
 def guarded(function, *args) -> dict:
@@ -575,15 +714,18 @@ def analyze(run_dir: Path, folder: Path, logs: Path) -> dict:
             "findings": [f"{finding['severity']} {finding['rule']}" for finding in report["findings"]]}
 
 
-SECTIONS = {
+SECTIONS = {  # the quick ones first: a run cut short keeps what they measured
     "environment": section_environment,
-    "reference": section_reference,
     "overhead": section_overhead,
+    "overhead_small_step": section_overhead_small_step,
     "sync_debug": section_sync_debug,
     "forensics": section_forensics,
+    "forensics_any_loop": section_forensics_any_loop,
     "trace": section_trace,
     "memory": section_memory,
+    "reference": section_reference,
     "analyze": section_analyze,
+    "reference_compiled": section_reference_compiled,
 }
 
 
@@ -607,8 +749,13 @@ def summary_table(results: dict) -> str:
     if reference.get("status") == "ok":
         lines += ["", "| variant | step p50 | tokens/s | MFU | peak alloc | speedup (baseline step / step) |",
                   "|---|---|---|---|---|---|"]
-        for name, run in reference["variants"].items():
-            lines.append(variant_row(name, run, reference["ratios_vs_baseline"].get(name, {})))
+        rows, speedups = dict(reference["variants"]), dict(reference["ratios_vs_baseline"])
+        compiled = sections.get("reference_compiled")
+        if compiled is not None:
+            rows[COMPILED_VARIANT] = compiled.get("variant") or compiled
+            speedups[COMPILED_VARIANT] = compiled.get("ratio_vs_baseline", {})
+        for name, run in rows.items():
+            lines.append(variant_row(name, run, speedups.get(name, {})))
     return "\n".join(lines)
 
 
@@ -651,16 +798,40 @@ def reference_headline(record: dict) -> str:
 
 def overhead_headline(record: dict) -> str:
     verdict = "within" if record["within_target"] else "OVER"
-    return (f"capture {record['overhead_pct']:+.2f}% per step ({verdict} the {record['target_pct']:g}% target; "
-            f"median of {len(record['reps'])} interleaved pairs)")
+    loops = record["loops"]
+    others = ", ".join(f"{name} {loop['overhead_pct']:+.2f}%" for name, loop in loops.items()
+                       if name != record["headline_loop"])
+    return (f"capture {record['overhead_pct']:+.2f}% per step on the least flattering default loop "
+            f"({record['headline_loop']}; {verdict} the {record['target_pct']:g}% target; median of "
+            f"{loops[record['headline_loop']]['pairs']} interleaved pairs); {others}")
+
+
+def compiled_headline(record: dict) -> str:
+    return f"step-time speedup over baseline {1 / record['ratio_vs_baseline']['step_time_p50_s']:.2f}x"
+
+
+def memory_headline(record: dict) -> str:
+    return (f"snapshot of {record['segments']} segments, {record['allocated_bytes'] / 2**30:.2f} GiB allocated, "
+            f"{record['timeline_points']} timeline points")
+
+
+def small_step_headline(record: dict) -> str:
+    return (f"x{record['ratio_median']:.3f} (p10-p90 x{record['ratio_p10']:.3f}-x{record['ratio_p90']:.3f}), "
+            f"+{record['added_us_per_step']:.0f} us on {record['bare_step_s'] * 1e3:.2f} ms steps: {record['loop']}")
 
 
 def sync_headline(record: dict) -> str:
     if record["no_sync"]:
-        return f"no host-device sync in {record['checked_steps']} captured steps"
-    if record["gpuprof_sync_free"]:
-        return f"none from gpuprof; the loop itself syncs at {', '.join(record['sync_sites'])}"
-    return f"SYNC from gpuprof: {record['gpuprof_sync_sites'] or record['switched_off']}"
+        return f"no host-device sync in {record['checked_steps']} captured steps of each of {len(record['loops'])} loops"
+    parts = []
+    for name, loop in record["loops"].items():
+        if loop["no_sync"]:
+            parts.append(f"{name}: none")
+        elif loop["gpuprof_sync_free"]:
+            parts.append(f"{name}: none from gpuprof; the loop syncs at {', '.join(loop['sync_sites'])}")
+        else:
+            parts.append(f"{name}: SYNC from gpuprof: {loop['gpuprof_sync_sites'] or loop['switched_off']}")
+    return "; ".join(parts)
 
 
 def forensics_headline(record: dict) -> str:
@@ -668,10 +839,11 @@ def forensics_headline(record: dict) -> str:
     for fault, result in record["faults"].items():
         blame = result["blame"]
         ok = "expected" if result["matches_expected"] else "UNEXPECTED"
-        replay = "same" if result["replay_same_blame"] else "DIFFERS"
+        replay = {True: "same", False: "DIFFERS", None: "not replayable"}[result.get("replay_same_blame")]
         op = f" {blame['op']}" if blame["op"] else ""
-        parts.append(f"{fault}: {blame['phase']} {blame['tensor'] or blame['module']}{op} {blame['first']} "
-                     f"({ok}; replay {replay})")
+        kept = f"; state kept {result['keep_state']}" if "keep_state" in result else ""
+        parts.append(f"{fault}: step {blame['step']} {blame['phase']} {blame['tensor'] or blame['module']}{op} "
+                     f"{blame['first']} ({ok}; replay {replay}{kept})")
     return "; ".join(parts)
 
 
@@ -689,22 +861,40 @@ def analyze_headline(record: dict) -> str:
 
 HEADLINES = {
     "environment": environment_headline, "reference": reference_headline, "overhead": overhead_headline,
-    "sync_debug": sync_headline, "forensics": forensics_headline, "trace": trace_headline,
-    "analyze": analyze_headline,
+    "overhead_small_step": small_step_headline, "sync_debug": sync_headline, "forensics": forensics_headline,
+    "forensics_any_loop": forensics_headline, "trace": trace_headline, "memory": memory_headline,
+    "analyze": analyze_headline, "reference_compiled": compiled_headline,
 }
 
 
 def results_markdown(results: dict, table: str) -> str:
-    lines = [table, ""]
-    forensics = results["sections"].get("forensics", {})
-    for fault, result in forensics.get("faults", {}).items():
-        if result["status"] != "ok":
-            continue
-        lines += [f"### {fault}", "", f"`{result['command']}`", "", "```", result["blame_text"], "```", ""]
-    for name, record in results["sections"].items():
+    sections = results["sections"]
+    lines = [table, ""] + overhead_markdown(sections)
+    for name in ("forensics", "forensics_any_loop"):
+        for fault, result in sections.get(name, {}).get("faults", {}).items():
+            if result["status"] != "ok":
+                continue
+            where = f"`{result['command']}`" if "command" in result else f"a user's loop, {result['precision']}"
+            lines += [f"### {name}: {fault}", "", where, "", "```", result["blame_text"], "```", ""]
+    for name, record in sections.items():
         if record["status"] == "failed":
             lines += [f"### {name} failed", "", "```", record.get("traceback") or record["error"], "```", ""]
     return "\n".join(lines)
+
+
+def overhead_markdown(sections: dict) -> list[str]:
+    """Every measured loop: wall-time ratio captured/bare, its spread, and the time added per step."""
+    loops = dict(sections.get("overhead", {}).get("loops", {}))
+    if sections.get("overhead_small_step", {}).get("status") == "ok":
+        loops[f"small step: {sections['overhead_small_step']['loop']}"] = sections["overhead_small_step"]
+    if not loops:
+        return []
+    lines = ["### capture overhead", "", "| loop | ratio (median) | p10-p90 | added per step | bare step |",
+             "|---|---|---|---|---|"]
+    for name, loop in loops.items():
+        lines.append(f"| {name} | x{loop['ratio_median']:.4f} | x{loop['ratio_p10']:.3f}-x{loop['ratio_p90']:.3f} "
+                     f"| {loop['added_us_per_step']:+.0f} us | {loop['bare_step_s'] * 1e3:.2f} ms |")
+    return lines + [""]
 
 
 if __name__ == "__main__":

@@ -168,6 +168,25 @@ class Pairs:
         """Median over pairs of (captured - bare) wall seconds per step, in microseconds."""
         return statistics.median(c["wall"] - b["wall"] for b, c in zip(self.bare, self.capture)) * 1e6
 
+    def figures(self) -> dict:
+        """The headline figures, as a record."""
+        low, high = self.spread()
+        return {"pairs": len(self.bare), "ratio_median": self.median_ratio(), "ratio_p10": low, "ratio_p90": high,
+                "ratios": self.ratios(), "bare_step_s": self.step_s("bare"), "capture_step_s": self.step_s("capture"),
+                "added_us_per_step": self.added_us_per_step(), "cpu_ratio_median": self.median_ratio("cpu")}
+
+
+def collect_pairs(reps: int, block, open_run, verbose_label: str | None = None) -> Pairs:
+    """interleaved_blocks() gathered into Pairs; each pair printed when `verbose_label` is given."""
+    result = Pairs()
+    for rep, bare, capture in interleaved_blocks(reps, block, open_run):
+        result.bare.append(bare)
+        result.capture.append(capture)
+        if verbose_label:
+            print(f"  {verbose_label} pair {rep}: bare {bare['wall'] * 1e3:.2f} ms/step, captured "
+                  f"{capture['wall'] * 1e3:.2f} ms/step, ratio {capture['wall'] / bare['wall']:.4f}", flush=True)
+    return result
+
 
 class Bench:
     """One model, optimizer and batch, bare and captured in turn."""
@@ -204,14 +223,10 @@ class Bench:
         open_close_s.append(opened - start + time.perf_counter() - closing)
 
     def pairs(self, options: dict, pairs: int, label: str, verbose: bool = False) -> Pairs:
-        result = Pairs()
-        blocks = interleaved_blocks(pairs, self.block, lambda rep: self.timed_run(options, result.open_close_s))
-        for rep, bare, capture in blocks:
-            result.bare.append(bare)
-            result.capture.append(capture)
-            if verbose:
-                print(f"  {label} pair {rep}: bare {bare['wall'] * 1e3:.2f} ms/step, captured "
-                      f"{capture['wall'] * 1e3:.2f} ms/step, ratio {capture['wall'] / bare['wall']:.4f}", flush=True)
+        open_close_s: list[float] = []
+        result = collect_pairs(pairs, self.block, lambda rep: self.timed_run(options, open_close_s),
+                               label if verbose else None)
+        result.open_close_s = open_close_s
         return result
 
 

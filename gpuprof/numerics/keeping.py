@@ -1,25 +1,36 @@
 """Keeping the state each step starts from, so that a bad step can be re-run (numerics keep_state).
 
-"every_step" (accelerators) copies the pre-step state of every step into a StateKeeper, frozen
-by the watched values when they go non-finite. "when_bad" (the CPU, where reading a value costs
-no device sync) keeps only what is small per step (RNG, hyperparameters, the batch and tape by
-reference) and copies the weights once a step is seen to go bad: when the step's gradient norm,
+"when_bad" (the default, "auto") keeps only what is small per step (RNG, hyperparameters, the batch
+and tape by reference) and copies the weights once a step goes bad: when the step's gradient norm,
 taken before the update (gpuprof.capture.gradients: also where the loop runs forward and backward
-inside `optimizer.step(closure)`, as Lightning does), is not finite, else at the step's end. Either way `inputs_of(step)` and
-`state_before(step)` give the forensic re-run what it needs until the step has been read.
+inside `optimizer.step(closure)`, as Lightning does), is not finite, else at the step's end.
+- On the CPU the host reads those values at once (no device to wait for) and copies then.
+- On a CUDA device with Triton the device decides and copies (device_keeper.py): no host wait.
+- Elsewhere "auto" means "every_step", and an explicit "when_bad" reads the values on the host,
+  a sync per step.
+"every_step" copies the pre-step state of every step into a StateKeeper, frozen by the watched
+values when they go non-finite: exact also when an update from finite gradients overflows, at the
+cost of a read and a write of the state per step; on_nonfinite="skip" uses it to undo updates.
+Either way `inputs_of(step)` and `state_before(step)` give the forensic re-run what it needs until
+the step has been read.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from gpuprof.modules import eager_model, local_tensor
+from gpuprof.numerics import device_copy
+from gpuprof.numerics.device_keeper import ConditionalKeeper
 from gpuprof.numerics.state import (
     StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, param_names, rng_states,
 )
 from gpuprof.numerics.tape import autocast_now
+
+logger = logging.getLogger("gpuprof")
 
 
 class StepKeeping:
@@ -30,24 +41,54 @@ class StepKeeping:
         self.current: StepInputs | None = None
         self._kept: dict[int, StepInputs] = {}
 
-    def start(self, device: torch.device) -> None:
+    def start(self, device: torch.device, undo_updates: bool = False) -> None:
+        """`undo_updates`: on_nonfinite="skip", which restores the state from a copy made every step."""
         model = eager_model(self.model)
         self._names = param_names(model)  # once: the per-step path only looks names up
         self._param_names = frozenset(self._names.values())
         self._weights = _WeightSample(model, device, self._state_interval)
-        if self._keep_state is not False:
+        self._signature = None
+        self._non_tensor_state = False
+        self.fallback: str | None = None  # why the device copy gave way to a copy every step
+        self._zero, self._inf = torch.zeros(1, device=device), torch.full((1,), math.inf, device=device)
+        if self._keep_state is False:
+            return
+        when_bad = self._keep_state == "when_bad" or (self._keep_state == "auto" and device.type != "cpu")
+        if when_bad and not undo_updates and device_copy.available(device):
+            self.keeper = ConditionalKeeper(device)
+        else:
             self.keeper = StateKeeper(device)
 
     @property
     def lazily(self) -> bool:
-        return self.keeper is not None and (
+        """Kept when bad, as the host sees it: a copy when a value read on the host is not finite."""
+        return isinstance(self.keeper, StateKeeper) and self.fallback is None and (
             self._keep_state == "when_bad" or (self._keep_state == "auto" and self.keeper.device.type == "cpu"))
+
+    @property
+    def mode(self) -> str:
+        """How the state is kept, as the run's meta says it."""
+        if self.keeper is None:
+            return "off"
+        if self.on_device:
+            return "when_bad, decided on the device"
+        if self.lazily:
+            return "when_bad, decided on the host"
+        return "every_step"
+
+    @property
+    def on_device(self) -> bool:
+        """Kept when bad, as the device sees it (device_keeper.py)."""
+        return isinstance(self.keeper, ConditionalKeeper)
 
     def begin(self, step: int) -> StepInputs:
         model = eager_model(self.model)
-        every_step = self.keeper is not None and not self.lazily
-        other = self._refresh_keeper(model, step, unread_steps=bool(self._kept)) if every_step else {}
-        non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names) if every_step else {}
+        other = self._device_keeping(self._prepare_device_copy, model, step) if self.on_device else {}
+        every_step = isinstance(self.keeper, StateKeeper) and not self.lazily  # also after a fallback
+        if every_step:
+            other = self._refresh_keeper(model, step, unread_steps=bool(self._kept))
+        wants_non_tensor = every_step or (self.on_device and self._non_tensor_state)
+        non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names) if wants_non_tensor else {}
         self.current = StepInputs(
             step=step, rng=rng_states(), hyper=hyperparameters(self.optimizer), other_device=other,
             non_tensor=non_tensor, training=model.training, autocast=autocast_now(),
@@ -63,6 +104,9 @@ class StepKeeping:
         if self.keeper is None:
             return
         flag_values = watched[:flags]
+        if self.on_device:
+            self._device_keeping(self.keeper.take_if, self._device_values(flag_values), inputs.step, True)
+            return
         if not self.lazily:
             self.keeper.freeze_if(~torch.isfinite(torch.as_tensor(flag_values)).all())
             return
@@ -75,7 +119,11 @@ class StepKeeping:
         return self._kept.get(step)
 
     def state_before(self, step: int):
-        return self.keeper.state_before(step) if self.keeper is not None and step in self._kept else None
+        if self.keeper is None or step not in self._kept:
+            return None
+        if self.on_device:  # an update ran before the copy only if the copy was made at the step's end
+            self._kept[step].updated_first = self._kept[step].updated_first and self.keeper.taken_at_end()
+        return self.keeper.state_before(step)
 
     def read(self, step: int, bad: bool) -> None:
         """Step `step` was read (and investigated when bad): what was kept for it can go."""
@@ -91,6 +139,10 @@ class StepKeeping:
         """The step's gradient norm, taken before the optimizer's update: the weights are still those the
         step started from, so gradients that went non-finite are the moment to copy them."""
         inputs = self.current
+        if self.on_device and inputs is not None:
+            inputs.updated_first = True  # an update follows; state_before() learns whether the copy preceded it
+            self._device_keeping(self.keeper.take_if, self._device_values(grad_norm), inputs.step, False)
+            return
         if not self.lazily or inputs is None or inputs.state_kept:
             return
         # a host read: free on the CPU; explicit keep_state="when_bad" on a GPU pays this sync (documented)
@@ -112,6 +164,35 @@ class StepKeeping:
         inputs.other_device = self._refresh_keeper(model, inputs.step, unread_steps=False)
         inputs.non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names)  # with the tensors
         inputs.state_kept = True
+
+    def _device_keeping(self, action, *args):
+        """One step of the device copy. If it fails (gpuprof's failure, not the loop's), the state is
+        copied every step from then on, so that a bad step can still be re-run."""
+        try:
+            return action(*args)
+        except Exception as error:  # noqa: BLE001 - a detection must not be lost to the copy's failure
+            self.fallback = f"the device-side copy failed ({error!r}); the state is copied every step instead"
+            logger.warning("gpuprof: %s", self.fallback)
+            self.keeper = StateKeeper(self.keeper.device)
+            return {}
+
+    def _prepare_device_copy(self, model: torch.nn.Module, step: int) -> dict[str, torch.Tensor]:
+        """The device copy's tensors looked at again when their cheap signature changes (Adam's state
+        appears after the first update) and every state_interval steps; this step's host copies."""
+        signature = (len(self.optimizer.state) if self.optimizer is not None else 0,
+                     getattr(self.scaler, "_scale", None) is not None)
+        if signature != self._signature or (self._state_interval and step % self._state_interval == 0):
+            self._signature = signature
+            self.keeper.prepare(live_tensors(model, self.optimizer, self.scaler), step)
+            self._non_tensor_state = bool(non_tensor_optimizer_state(model, self.optimizer, self._names))
+        return self.keeper.per_step_copies()
+
+    def _device_values(self, values) -> torch.Tensor:
+        """Values as a device vector; host floats by their finiteness alone (no copy to the device)."""
+        if isinstance(values, torch.Tensor):
+            return values
+        floats = [values] if isinstance(values, float) else values
+        return self._zero if all(map(math.isfinite, floats)) else self._inf
 
     def _refresh_keeper(self, model: torch.nn.Module, step: int, unread_steps: bool) -> dict[str, torch.Tensor]:
         """Copies the live state into the keeper; returns the tensors kept per step instead."""

@@ -71,6 +71,7 @@ class NumericsMonitor:
         self._layers: LayerGradients | None = None
         self._begun_at_phase = False  # the step's keeping began at prof.phase("forward"), not at a model call
         self._overflow = _OverflowStreak() if self.scaler is not None else None
+        self._fallback_said = False
 
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
@@ -83,11 +84,14 @@ class NumericsMonitor:
         guard = prof.collectors.guard
         hook = torch._dynamo.disable(guard(self, "forward_pre_hook", self._on_forward))
         self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
-        self._keeping.start(prof.device)
+        self._keeping.start(prof.device, undo_updates=self.policy == "skip")
         if self._gradients is not None:
             self._gradients.call_before_update(guard(self, "before_update", self._keeping.before_update))
         if self.policy == "skip" and self.optimizer is not None:
             self._handles += SkipBadUpdates(self._keeping, prof.device).hooks(self.optimizer, guard, self)
+
+    def meta(self, prof) -> dict:
+        return {"numerics_keep_state": self._keeping.mode}
 
     def on_close(self, prof) -> None:
         for handle in self._handles:
@@ -123,6 +127,9 @@ class NumericsMonitor:
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]
+        if self._keeping.fallback is not None and not self._fallback_said:
+            self._fallback_said = True
+            prof.event(EventKind.STATE_KEEPING_FALLBACK, self._keeping.fallback, severity="warning", step=step)
         values = record.get("_numerics_values") or [0.0] * len(_FLAGS)
         self._history.append({"step": step, "param_absmax": record.get("_numerics_param_absmax"),
                               "lr": record.get("_numerics_lr")})

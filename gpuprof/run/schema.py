@@ -66,6 +66,7 @@ class EventKind:
     # numerics
     NONFINITE = "nonfinite"
     NONFINITE_STEPS = "nonfinite_steps"
+    STATE_KEEPING_FALLBACK = "state_keeping_fallback"
     LOSS_SPIKE = "loss_spike"
     GRAD_NORM_SPIKE = "grad_norm_spike"
     EXPLODING_GRADIENT = "exploding_gradient"

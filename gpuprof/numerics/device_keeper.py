@@ -1,0 +1,100 @@
+"""keep_state "when_bad" on a GPU: the state a bad step started from, copied by the device only when
+the step's gradient norm (before the update) or its watched values (at its end) are not finite.
+
+The host keeps, per step, only what is small (the CPU tensors of the state, such as Adam's step
+counters, stacked into one tensor per dtype; also any tensor that is not contiguous) and learns later, from the step record, whether a
+copy was taken. One copy is held until the host has read its step. The set of tensors is looked
+at again when its cheap signature changes (Adam's state appears after the first update) and every
+`recheck_steps` steps: a tensor replaced in between is copied from its old storage until then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpuprof.numerics.device_copy import ConditionalCopy
+
+
+@dataclass
+class _Generation:
+    """Buffers for one set of tensors, from `first_step` on."""
+
+    first_step: int
+    views: dict[str, torch.Tensor]
+    copy: ConditionalCopy
+
+
+class ConditionalKeeper:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._taken = torch.zeros((), dtype=torch.int32, device=device)
+        self._step_taken = torch.full((), -1, dtype=torch.int64, device=device)
+        self._at_end = torch.zeros((), dtype=torch.int32, device=device)
+        self._generations: list[_Generation] = []
+        self._layout: tuple | None = None
+        self._per_step_groups: list[tuple[list[str], list[torch.Tensor]]] = []
+        self._per_step_others: dict[str, torch.Tensor] = {}
+
+    def prepare(self, tensors: dict[str, torch.Tensor], step: int) -> None:
+        """Makes buffers for `tensors` when they are not the ones prepared before."""
+        layout = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), t.device) for name, t in tensors.items())
+        if layout == self._layout:
+            return
+        self._layout = layout
+        # byte copies need contiguous tensors on this device: any other is copied every step
+        here = {name: t.detach() for name, t in tensors.items() if t.device == self.device and t.is_contiguous()}
+        views = {name: torch.empty_like(t) for name, t in here.items()}
+        self._generations.append(_Generation(step, views, ConditionalCopy(list(here.values()), list(views.values()),
+                                                                           self.device)))
+        self._group_per_step({name: t.detach() for name, t in tensors.items() if name not in here})
+
+    def _group_per_step(self, tensors: dict[str, torch.Tensor]) -> None:
+        groups: dict[tuple, tuple[list[str], list[torch.Tensor]]] = {}
+        self._per_step_others = {}
+        for name, t in tensors.items():
+            if t.dim() == 0:
+                names, members = groups.setdefault((t.dtype, t.device), ([], []))
+                names.append(name)
+                members.append(t)
+            else:
+                self._per_step_others[name] = t
+        self._per_step_groups = list(groups.values())
+
+    def per_step_copies(self) -> dict[str, torch.Tensor]:
+        """This step's copy of the tensors the device copy leaves out (mostly optimizers' step counters
+        on the CPU): one op per dtype for the scalars."""
+        copies = {name: t.clone() for name, t in self._per_step_others.items()}
+        for names, members in self._per_step_groups:
+            copies.update(zip(names, torch.stack(members).unbind()))
+        return copies
+
+    def take_if(self, values: torch.Tensor, step: int, end: bool) -> None:
+        """On the device: the state copied now if `values` holds a non-finite value and no copy is held."""
+        if self._generations:
+            self._generations[-1].copy.copy_if(values, self._taken, self._step_taken, step, self._at_end, end)
+
+    def release(self, resolved_step: int) -> None:
+        """The host has read every step up to `resolved_step`: older generations are not needed."""
+        while len(self._generations) > 1 and self._generations[1].first_step <= resolved_step:
+            self._generations.pop(0)
+
+    def unfreeze(self) -> None:
+        """The held copy's step was read: the next bad step may be copied."""
+        self._taken.zero_()
+
+    def state_before(self, step: int) -> dict[str, torch.Tensor] | None:
+        """The copy taken at `step`, if that is the step it holds (host sync: forensics only)."""
+        if not int(self._taken) or int(self._step_taken) != step:
+            return None
+        generation = [g for g in self._generations if g.first_step <= step][-1]
+        return dict(generation.views)
+
+    def taken_at_end(self) -> bool:
+        """Whether the held copy was made at its step's end rather than before its update (host sync)."""
+        return bool(int(self._at_end))
+
+    def param_absmax(self) -> None:
+        """No copy is made per step to measure: the caller samples the weights instead."""
+        return None
