@@ -164,8 +164,10 @@ def main() -> int:
     started = time.perf_counter()
     results = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_unix_s": time.time(),
                "args": {"device": args.device, "model": args.model, "steps": args.steps,
-                        "skip_compile": args.skip_compile}, "sections": {}}
+                        "skip_compile": args.skip_compile, "sections": list(args.sections)}, "sections": {}}
     for name, section in SECTIONS.items():
+        if name not in args.sections:
+            continue
         print(f"== {name}", flush=True)
         results["sections"][name] = run_section(section, bench)
         results["runtime_s"] = time.perf_counter() - started
@@ -184,6 +186,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="steps per reference run, warm-up included")
     parser.add_argument("--skip-compile", action="store_true",
                         help="leave out the torch.compile variant (its compilation takes minutes on a small CPU)")
+    parser.add_argument("--sections", nargs="+", choices=tuple(SECTIONS), default=tuple(SECTIONS), metavar="SECTION",
+                        help=f"run only these sections, in this script's order (default: all; {', '.join(SECTIONS)})")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error(f"--steps must be at least 2 (the first is warm-up), got {args.steps}")
@@ -492,10 +496,12 @@ def sync_check(bench: Bench, name: str, loop: dict) -> dict:
     with workbench.profile(run_dir) as prof:
         error, _ = under_sync_debug(workbench, prof, bench, "error", loop)
         _, sites = under_sync_debug(workbench, prof, bench, "warn", loop)
-    events = gpuprof.load_run(run_dir).events
+    run = gpuprof.load_run(run_dir)
+    events = run.events
     switched_off = events[events["kind"].isin(SWITCHED_OFF_KINDS)]["message"].tolist()
     gpuprof_sites = [site for site in sites if f"{Path(gpuprof.__file__).parent}" in site]
-    return {"sync_error": error, "switched_off": switched_off, "sync_sites": sites, "gpuprof_sync_sites": gpuprof_sites,
+    return {"steps_recorded": len(run.steps), "mem_allocated_bytes_min": run.steps["mem_allocated_bytes"].min(),
+            "timed_steps": int(run.steps["step_time_s"].gt(0).sum()), "sync_error": error, "switched_off": switched_off, "sync_sites": sites, "gpuprof_sync_sites": gpuprof_sites,
             "bare_loop_sync_sites": bare_sites, "run_dir": str(run_dir),
             "gpuprof_sync_free": not switched_off and not gpuprof_sites,
             "no_sync": error is None and not switched_off and not gpuprof_sites}

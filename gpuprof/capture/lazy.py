@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import torch
 
+from gpuprof.capture.timing import current_stream
+
 
 def _to_python(values: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> Any:
     if dtype == torch.bool:
@@ -63,7 +65,7 @@ class PendingRecord:
         self._host_buffer = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
         self._host_buffer.copy_(packed, non_blocking=True)
         self._ready_event = torch.cuda.Event()
-        self._ready_event.record(torch.cuda.current_stream(device))
+        self._ready_event.record(current_stream(device.index))
 
     def ready(self) -> bool:
         return self._ready_event is None or self._ready_event.query()

@@ -53,16 +53,24 @@ class MemoryCollector:
         fields = {"mem_rss_bytes": self._rss_bytes()}
         if self._device.type != "cuda":
             return fields
-        stats = torch.cuda.memory_stats(self._device)
-        reserved = stats.get("reserved_bytes.all.current", 0)
         nvml_used = self._sampler.device_mem_used_bytes if self._sampler is not None else None
-        fields.update(
-            mem_allocated_bytes=stats.get("allocated_bytes.all.current", 0),
-            mem_reserved_bytes=reserved,
-            mem_peak_allocated_bytes=stats.get("allocated_bytes.all.peak", 0),
-            mem_alloc_retries=stats.get("num_alloc_retries", 0),
-            mem_ooms=stats.get("num_ooms", 0),
-            mem_nvml_used_bytes=nvml_used,
-            mem_nvml_gap_bytes=nvml_used - reserved if nvml_used is not None else None,
-        )
+        fields.update(allocator_fields(torch.cuda.memory_stats_as_nested_dict(self._device)))
+        reserved = fields["mem_reserved_bytes"]
+        fields.update(mem_nvml_used_bytes=nvml_used,
+                      mem_nvml_gap_bytes=nvml_used - reserved if nvml_used is not None else None)
         return fields
+
+
+def allocator_fields(stats: dict) -> dict[str, int]:
+    """The step record's allocator counters from the caching allocator's nested statistics (what
+    torch.cuda.memory_stats() flattens, at about 200 us a call: read nested, a few us)."""
+    def current_and_peak(name: str) -> dict:
+        return stats.get(name, {}).get("all", {})
+
+    return {
+        "mem_allocated_bytes": current_and_peak("allocated_bytes").get("current", 0),
+        "mem_reserved_bytes": current_and_peak("reserved_bytes").get("current", 0),
+        "mem_peak_allocated_bytes": current_and_peak("allocated_bytes").get("peak", 0),
+        "mem_alloc_retries": stats.get("num_alloc_retries", 0),
+        "mem_ooms": stats.get("num_ooms", 0),
+    }

@@ -15,11 +15,19 @@ def any_nonfinite(values, n):
     return count > 0
 
 
-@triton.jit(do_not_specialize=["n"])  # n == 1 would be a constant: one kernel for any count
-def copy_if_nonfinite(values, n, taken, src_table, dst_table, nbytes_table,
-                      BLOCK: tl.constexpr, PROGRAMS: tl.constexpr):
-    """Every program reads the values and the taken flag; all exit at once unless a copy is due."""
-    if any_nonfinite(values, n) & (tl.load(taken) == 0):
+@triton.jit(do_not_specialize=["n", "step", "end"])  # n == 1 would be a constant: one kernel for any count
+def copy_if_nonfinite(values, n, taken_in, taken_out, step_taken, at_end, step, end, src_table, dst_table,
+                      nbytes_table, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr):
+    """Every program reads the values and `taken_in`, and all exit at once unless a copy is due. The
+    first program writes the flag to `taken_out`, a second buffer: no program reads what another writes."""
+    held = tl.load(taken_in) != 0
+    go = any_nonfinite(values, n) & (held == 0)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(taken_out, (held | go).to(tl.int32))
+        if go:
+            tl.store(step_taken, step)
+            tl.store(at_end, end)
+    if go:
         tensor = tl.program_id(0)
         size = tl.load(nbytes_table + tensor)
         src = tl.load(src_table + tensor).to(tl.pointer_type(tl.uint8))
@@ -28,12 +36,3 @@ def copy_if_nonfinite(values, n, taken, src_table, dst_table, nbytes_table,
             offsets = start + tl.arange(0, BLOCK)
             inside = offsets < size
             tl.store(dst + offsets, tl.load(src + offsets, mask=inside), mask=inside)
-
-
-@triton.jit(do_not_specialize=["n", "step", "end"])
-def mark_taken(values, n, taken, step_taken, step, at_end, end):
-    """After the copy (stream order): the same test, then the copy is marked as held."""
-    if any_nonfinite(values, n) & (tl.load(taken) == 0):
-        tl.store(taken, 1)
-        tl.store(step_taken, step)
-        tl.store(at_end, end)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpuprof.numerics.device_copy import ConditionalCopy
+from gpuprof.numerics.device_copy import ConditionalCopy, Flag
 
 
 @dataclass
@@ -29,7 +29,7 @@ class _Generation:
 class ConditionalKeeper:
     def __init__(self, device: torch.device):
         self.device = device
-        self._taken = torch.zeros((), dtype=torch.int32, device=device)
+        self._taken = Flag(device)
         self._step_taken = torch.full((), -1, dtype=torch.int64, device=device)
         self._at_end = torch.zeros((), dtype=torch.int32, device=device)
         self._generations: list[_Generation] = []
@@ -82,11 +82,11 @@ class ConditionalKeeper:
 
     def unfreeze(self) -> None:
         """The held copy's step was read: the next bad step may be copied."""
-        self._taken.zero_()
+        self._taken.clear()
 
     def state_before(self, step: int) -> dict[str, torch.Tensor] | None:
         """The copy taken at `step`, if that is the step it holds (host sync: forensics only)."""
-        if not int(self._taken) or int(self._step_taken) != step:
+        if not int(self._taken.current()) or int(self._step_taken) != step:
             return None
         generation = [g for g in self._generations if g.first_step <= step][-1]
         return dict(generation.views)

@@ -43,7 +43,7 @@ def device_keeping(monkeypatch):
 
 def _forget_kernels() -> None:
     sys.modules.pop(KERNELS, None)
-    device_copy._kernels.cache_clear()
+    device_copy._kernel.cache_clear()
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:
