@@ -37,6 +37,13 @@ class ConditionalKeeper:
         self._per_step_groups: list[tuple[list[str], list[torch.Tensor]]] = []
         self._per_step_others: dict[str, torch.Tensor] = {}
 
+    def warm_up(self) -> None:
+        """One launch with finite values and nothing to copy: Triton compiles the kernel now, when the
+        run opens, rather than inside the first step (and a kernel that cannot run fails here)."""
+        ConditionalCopy([], [], self.device).copy_if(torch.zeros(1, device=self.device), Flag(self.device),
+                                                     torch.zeros((), dtype=torch.int64, device=self.device), 0,
+                                                     torch.zeros((), dtype=torch.int32, device=self.device), False)
+
     def prepare(self, tensors: dict[str, torch.Tensor], step: int) -> None:
         """Makes buffers for `tensors` when they are not the ones prepared before."""
         layout = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), t.device) for name, t in tensors.items())

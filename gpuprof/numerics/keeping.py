@@ -56,6 +56,7 @@ class StepKeeping:
         when_bad = self._keep_state == "when_bad" or (self._keep_state == "auto" and device.type != "cpu")
         if when_bad and not undo_updates and device_copy.available(device):
             self.keeper = ConditionalKeeper(device)
+            self._device_keeping(self.keeper.warm_up)
         else:
             self.keeper = StateKeeper(device)
 
