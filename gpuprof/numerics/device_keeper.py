@@ -1,11 +1,12 @@
 """keep_state "when_bad" on a GPU: the state a bad step started from, copied by the device only when
 the step's gradient norm (before the update) or its watched values (at its end) are not finite.
 
-The host keeps, per step, only what is small (the CPU tensors of the state, such as Adam's step
-counters, stacked into one tensor per dtype; also any tensor that is not contiguous) and learns later, from the step record, whether a
-copy was taken. One copy is held until the host has read its step. The set of tensors is looked
-at again when its cheap signature changes (Adam's state appears after the first update) and every
-`recheck_steps` steps: a tensor replaced in between is copied from its old storage until then.
+The host copies, per step, only what is small: the state's tensors on other devices (Adam's step
+counters on the CPU, stacked into one tensor per dtype) and any that is not contiguous. It learns
+later, from the step record, whether a copy was taken; one copy is held until the host has read
+its step. The caller (keeping.py) hands over the set of tensors again when its cheap signature
+changes (Adam's state appears after the first update) and every `state_interval` steps: a tensor
+replaced in between is copied from its old storage until then.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class _Generation:
 
 
 class ConditionalKeeper:
+    """The buffers of the copy, the device flags that say which step it holds, and the per-step host copies."""
+
     def __init__(self, device: torch.device):
         self.device = device
         self._taken = Flag(device)
