@@ -74,7 +74,7 @@ from gpuprof.workloads.gpt2.faults import Injector, parse
 from gpuprof.workloads.gpt2.model import compute_dtype, enable_tf32
 
 SCHEMA = "gpuprof.gpu_validate"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 OVERHEAD_TARGET_PCT = 1.0
 REFERENCE_TIMEOUT_S = 240  # one `gpuprof train` process; torch.compile's first step dominates
 # Each reference variant: `gpuprof train` flags on top of the shared ones.
@@ -171,11 +171,31 @@ def main() -> int:
         print(f"== {name}", flush=True)
         results["sections"][name] = run_section(section, bench)
         results["runtime_s"] = time.perf_counter() - started
+        results.update(headlines(results["sections"]))
         write_json(out / "results.json", results)
     table = summary_table(results)
     (out / "results.md").write_text(results_markdown(results, table))
     print(table)
     return 0
+
+
+def headlines(sections: dict) -> dict:
+    """The record's headline views, each read from its sections: `device`, `variants` (the reference
+    runs and their speedups), `overhead` (every measured loop) and `nan` (every blame)."""
+    reference, compiled = sections.get("reference", {}), sections.get("reference_compiled", {})
+    variants = {name: {"run": run, "ratios_vs_baseline": reference.get("ratios_vs_baseline", {}).get(name)}
+                for name, run in reference.get("variants", {}).items()}
+    if "variant" in compiled:
+        variants[COMPILED_VARIANT] = {"run": compiled["variant"], "ratios_vs_baseline": compiled["ratio_vs_baseline"]}
+    overhead = dict(sections.get("overhead", {}).get("loops", {}))
+    if sections.get("overhead_small_step", {}).get("status") == "ok":
+        overhead["small step"] = sections["overhead_small_step"]
+    nan = {f"{name}: {fault}": {key: result.get(key) for key in ("status", "blame", "matches_expected",
+                                                                  "replay_same_blame", "keep_state")}
+           for name in ("forensics", "forensics_any_loop")
+           for fault, result in sections.get(name, {}).get("faults", {}).items()}
+    return {"device": sections.get("environment", {}).get("device_name"), "variants": variants,
+            "overhead": overhead, "nan": nan}
 
 
 def parse_args() -> argparse.Namespace:

@@ -139,3 +139,15 @@ def test_trace_and_analyze_cover_the_recorded_runs(dry_run):
     for name in ("baseline", "optimized"):
         assert analyzed[name]["tokens_per_s"] == sections["reference"]["variants"][name]["tokens_per_s"]
         assert (out / "analyze" / f"{name}.txt").read_text().startswith("Verdict: ")
+
+
+def test_headline_views_are_read_from_the_sections(dry_run):
+    results = dry_run[1]
+    sections = results["sections"]
+    assert results["device"] == sections["environment"]["device_name"] == "cpu"
+    assert {name: view["run"] for name, view in results["variants"].items()} == sections["reference"]["variants"]
+    assert results["overhead"]["small step"] == sections["overhead_small_step"]
+    assert set(results["overhead"]) - {"small step"} == set(sections["overhead"]["loops"])
+    assert set(results["nan"]) == {f"{name}: {fault}" for name in ("forensics", "forensics_any_loop")
+                                   for fault in sections[name]["faults"]}
+    assert all(view["matches_expected"] for view in results["nan"].values())
