@@ -10,10 +10,10 @@ from gpuprof.errors import GpuprofError
 
 POLICIES = ("record", "raise", "skip")
 # keep_state: "every_step" copies the pre-step state of every step (exact replay of any bad step);
-# "when_bad" copies it only once a step is seen to go bad, just before its update (no copy per step,
-# but it reads the flags at once, a sync per step on a GPU, and is blind to an update that itself
-# overflows); "auto" is "when_bad" on the CPU, where seeing it costs no device sync, and
-# "every_step" on accelerators; False keeps nothing.
+# "when_bad" copies it only once a step goes bad, just before its update (no copy per step, but blind
+# to an update that itself overflows): decided on the host on the CPU, by the device on CUDA with
+# Triton, else by reading the flags on the host, a sync per step; "auto" is "when_bad" where that
+# needs no sync and "every_step" elsewhere (see numerics/keeping.py); False keeps nothing.
 KEEP_STATE = ("auto", "every_step", "when_bad", False)
 
 
