@@ -11,6 +11,7 @@ taken (until the host has read that step). The pointer tables are made once per 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 
@@ -45,9 +46,14 @@ class ConditionalCopy:
         kernel = _kernel()
         values = values.reshape(-1)
         taken_in, taken_out = taken.swap()
-        kernel[(len(self._sources) + 1, PROGRAMS_PER_TENSOR)](
-            values, values.numel(), taken_in, taken_out, step_taken, at_end, step, int(end),
-            self._src, self._dst, self._nbytes, BLOCK=BLOCK_BYTES, PROGRAMS=PROGRAMS_PER_TENSOR)
+        with self._on_device():  # Triton launches on the current device, which the loop may not have set
+            kernel[(len(self._sources) + 1, PROGRAMS_PER_TENSOR)](
+                values, values.numel(), taken_in, taken_out, step_taken, at_end, step, int(end),
+                self._src, self._dst, self._nbytes, BLOCK=BLOCK_BYTES, PROGRAMS=PROGRAMS_PER_TENSOR)
+
+    def _on_device(self):
+        device = self._nbytes.device
+        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 class Flag:
