@@ -104,7 +104,3 @@ class ConditionalKeeper:
     def taken_at_end(self) -> bool:
         """Whether the held copy was made at its step's end rather than before its update (host sync)."""
         return bool(int(self._at_end))
-
-    def param_absmax(self) -> None:
-        """No copy is made per step to measure: the caller samples the weights instead."""
-        return None
