@@ -2,8 +2,9 @@
 
 Model (class, attention implementation, compiled, module types), optimizer (fused/foreach,
 param groups, whether a fused kernel exists), DataLoader settings, torch's global matmul and
-cuDNN switches, all read once at start; the autocast dtype of the first training forward
-comes from ModelInfo. The diagnoses read these instead of the workload's config.
+cuDNN switches, all read once at start; the autocast dtype of the first training forward, and
+whether it ran inside torch.compile'd code (a loop may hand over the plain model and run a
+compiled wrapper), come from ModelInfo. The diagnoses read these instead of the workload's config.
 """
 
 from __future__ import annotations
@@ -98,4 +99,9 @@ class LoopFacts:
         }
 
     def meta(self, prof) -> dict[str, Any]:
-        return {"loop": {**self._facts, "autocast_dtype": prof.model_info.autocast_dtype}} if self._facts else {}
+        if not self._facts:
+            return {}
+        facts = dict(self._facts)
+        if facts["model"] is not None and prof.model_info.called_compiled:  # a compiled wrapper runs it
+            facts["model"] = {**facts["model"], "compiled": True}
+        return {"loop": {**facts, "autocast_dtype": prof.model_info.autocast_dtype}}

@@ -12,7 +12,7 @@ import torch
 
 from gpuprof import flops, hardware
 from gpuprof.capture.phases import is_training_call
-from gpuprof.modules import eager_model
+from gpuprof.modules import called_under_compile, eager_model
 
 _PRECISION_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                     "fp32": "fp32", "float32": "fp32", "tf32": "tf32", "fp8": "fp8"}
@@ -29,6 +29,7 @@ class ModelInfo:
         configured = str(config.get("precision") or config.get("dtype") or "").lower()
         self.dtype = _PRECISION_NAMES.get(configured)
         self.autocast_dtype: str | None = None  # as seen in the first training forward
+        self.called_compiled = False  # the first training forward ran inside torch.compile'd code
         self.peak_flops_per_s = None
         self._device = None
         self._hook = None
@@ -66,6 +67,7 @@ class ModelInfo:
         if not is_training_call(module):
             return
         self._remove_hook()
+        self.called_compiled = called_under_compile()
         inputs = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(inputs, torch.Tensor) and inputs.dim() >= 1:
             self.seq_len = int(inputs.shape[-1])

@@ -182,6 +182,27 @@ def test_compiled_model_gets_phases(tmp_path):
     assert run.meta["loop"]["model"]["class"] == "GPT2LMHeadModel"
 
 
+@pytest.mark.parametrize("runs", ["eager", "compiled module", "compiled function"])
+def test_the_plain_model_handed_over_is_seen_run_compiled(tmp_path, runs):
+    """A loop may give gpuprof the plain model and run torch.compile(model), or compile its step: the
+    loop facts the rules read say compiled from how the first forward ran, not from the object."""
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    forward = torch.compile(model, backend="eager") if runs == "compiled module" else model
+
+    def loss_of(inputs):
+        return forward(input_ids=inputs, labels=inputs).loss
+
+    loss_of = torch.compile(loss_of, backend="eager") if runs == "compiled function" else loss_of
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(2):
+            loss_of(batch(step)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+    assert gpuprof.load_run(tmp_path / "run").meta["loop"]["model"]["compiled"] is (runs != "eager")
+
+
 class HooklessSGD:
     """An optimizer-like object the loop steps, without torch.optim's step hooks."""
 

@@ -8,12 +8,16 @@ runs (test_diagnoses_cpu_silence.py) check these rules stay silent without a GPU
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import gpuprof
 from gpuprof.diagnoses import diagnose
 from gpuprof.diagnoses.context import RunContext
 from gpuprof.diagnoses.registry import RULES, all_rules
 from gpuprof.diagnoses.rules import memory, throttling, utilization
+from gpuprof.report import build_report
 
 all_rules()
 
@@ -39,6 +43,35 @@ def test_low_gpu_utilization(write_gpu_run):
 def test_low_gpu_utilization_ignores_warmup_samples(write_gpu_run):
     idle_during_warmup = write_gpu_run(sample=lambda i: {"gpu_util_pct": 0.0 if i == 0 else 97.0})
     assert not fired(idle_during_warmup, "low-gpu-utilization")
+
+
+def test_low_mfu_on_a_busy_gpu(write_gpu_run):
+    low = utilization.LOW_MFU_PCT / 100 - 0.1
+    slow_kernels = {"step": lambda i: {"mfu": low}}
+    (finding,) = fired(write_gpu_run(**slow_kernels), "low-mfu")
+    assert finding.category == "compute" and finding.severity == "warning"
+    assert finding.evidence["mfu_pct"] == pytest.approx(100 * low) and finding.evidence["gpu_busy_pct"] == 97.0
+    assert "torch.compile(model)" in finding.fix
+    assert finding.est_gain_pct == pytest.approx(100 * (1 - 100 * low / utilization.REACHABLE_MFU_PCT))
+    compiled = write_gpu_run(meta={"loop": {"model": {"compiled": True}}}, **slow_kernels)
+    (finding,) = fired(compiled, "low-mfu")
+    assert "micro-batch" in finding.fix and "torch.compile(model)" not in finding.fix
+    assert not fired(write_gpu_run(step=lambda i: {"mfu": utilization.LOW_MFU_PCT / 100 + 0.01}), "low-mfu")
+    idle = {"gpu_util_pct": utilization.GPU_UTIL_WARNING_PCT - 1}  # an idle GPU is low-gpu-utilization's
+    assert not fired(write_gpu_run(sample=lambda i: idle, **slow_kernels), "low-mfu")
+
+
+H200_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
+
+
+def test_low_mfu_on_the_recorded_h200_runs():
+    """GPT-2 124M on an H200 (benchmarks/gpu_validate.py): bf16 with sdpa and fused AdamW, busy 89% of the
+    time at 17% MFU, gets the finding and the verdict's next step; the fp32 baseline at 56% does not."""
+    optimized = gpuprof.load_run(H200_RUNS / "h200-gpt2-optimized")
+    (finding,) = fired(optimized, "low-mfu")
+    assert finding.evidence["mfu_pct"] < 20 and finding.evidence["source"] == "nvml"
+    assert "(finding low-mfu)" in build_report(H200_RUNS / "h200-gpt2-optimized").verdict.next_step
+    assert not fired(gpuprof.load_run(H200_RUNS / "h200-gpt2-baseline"), "low-mfu")
 
 
 FP32_LOOP = {"compute_dtype": "fp32", "loop": {"torch": {"float32_matmul_precision": "highest",

@@ -1,4 +1,5 @@
-"""The GPU sits idle for much of the run: from NVML samples, else from the device trace."""
+"""How busy the GPU is: idle for much of the run (from NVML samples, else the device trace), or
+busy while its kernels reach only a small share of the peak FLOP/s (MFU)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ GPU_UTIL_WARNING_PCT = 70.0
 GPU_UTIL_CRITICAL_PCT = 40.0
 # Fewer samples than this (a very short run) say too little about utilization.
 MIN_SAMPLES = 5
+# A busy GPU below this MFU spends its time in kernels that do little math: the elementwise,
+# normalization and softmax kernels between the matmuls, or matmuls too small to fill it.
+LOW_MFU_PCT = 30.0
+# What a well-fed transformer step reaches on one GPU; the gain estimate assumes the fix gets there.
+REACHABLE_MFU_PCT = 40.0
 
 
 def busy_pct(ctx) -> tuple[float, dict] | None:
@@ -41,4 +47,32 @@ def low_gpu_utilization(ctx):
             "Find what the GPU waits for: the data loader, host-device syncs or kernel launches "
             "(see the other findings); then raise the micro-batch size so each step gives it more work."
         ),
+    )
+
+
+@rule("low-mfu", "compute", gpu_only=True)
+def low_mfu(ctx):
+    """Busy but slow: NVML (or the trace) says the GPU is computing, the step's FLOP/s say it does little."""
+    measured, mfu = busy_pct(ctx), ctx.summary.mfu
+    if measured is None or mfu is None or measured[0] < GPU_UTIL_WARNING_PCT or 100 * mfu >= LOW_MFU_PCT:
+        return None
+    busy, details = measured
+    compiled = ctx.loop("model").get("compiled")
+    return Finding(
+        rule="low-mfu",
+        severity="warning",
+        title=f"The GPU is busy {busy:.0f}% of the time but reaches only {100 * mfu:.1f}% MFU",
+        evidence={"mfu_pct": 100 * mfu, "gpu_busy_pct": busy, **details, "compiled": compiled,
+                  "compute_dtype": ctx.autocast_dtype or ctx.meta.get("compute_dtype"),
+                  "peak_flops_per_s": ctx.meta.get("peak_flops_per_s"), "threshold_pct": LOW_MFU_PCT,
+                  "reachable_mfu_pct": REACHABLE_MFU_PCT},
+        fix=(
+            "Raise the work per kernel: a larger micro-batch while memory allows; then "
+            "torch.compile(mode='max-autotune') or CUDA graphs, and the top kernels of a trace window."
+            if compiled else
+            "Compile the model: torch.compile(model) fuses the elementwise, normalization and softmax kernels "
+            "between the matmuls, where a busy GPU at low MFU spends its time; then a larger micro-batch "
+            "while memory allows."
+        ),
+        est_gain_pct=100 * (1 - 100 * mfu / REACHABLE_MFU_PCT),
     )
