@@ -76,7 +76,8 @@ def hyperparameters(optimizer) -> list[dict[str, Any]]:
     """Each param group's settings (lr, betas, ...), without the parameters."""
     if optimizer is None:
         return []
-    return [{k: _snapshot(v) for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    return [{k: v if type(v) in _IMMUTABLE else _snapshot(v) for k, v in group.items() if k != "params"}
+            for group in optimizer.param_groups]  # the test inline: it runs for every setting every step
 
 
 _IMMUTABLE = (int, float, bool, str, type(None))
@@ -93,7 +94,7 @@ def _snapshot(value: Any) -> Any:
 
 def rng_states() -> dict[str, Any]:
     """CPU and current-CUDA-device generator states (host-side values: no device sync)."""
-    cuda = [torch.cuda.get_rng_state()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    cuda = [torch.cuda.get_rng_state()] if torch.cuda.is_initialized() else []
     return {"cpu": torch.get_rng_state(), "cuda": cuda}
 
 
