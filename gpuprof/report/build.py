@@ -107,7 +107,7 @@ def _report(path: str, signature: tuple) -> Report:
     blames = events[events["kind"] == EventKind.NONFINITE]
     return Report(
         run=run, signature=signature, summary=context.summary,
-        verdict=decide(context.summary, findings, *traced_steps(windows)), findings=findings,
+        verdict=decide(context.summary, findings, *traced_steps(windows), run.meta), findings=findings,
         trace_windows=windows, blames=blames, blame_chain=blame_chain(events, blames), notes=notes,
     )
 

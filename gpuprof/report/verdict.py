@@ -18,7 +18,10 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
+from gpuprof.diagnoses.rules.attention import UNFUSED_ATTENTION
+from gpuprof.diagnoses.rules.precision import FP32_NAMES
 from gpuprof.report.format import fmt_share
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
@@ -40,6 +43,8 @@ WHAT = {
     "communication": "communication not hidden behind compute",
     "memory": "copying and setting memory",
 }
+# The usual first moves per bound; for compute and host, those the loop already makes are left out
+# where its `loop` facts were recorded (loop_levers).
 NEXT_STEPS = {
     "input": "Feed the step faster: DataLoader(num_workers=4, pin_memory=True, persistent_workers=True), "
              "cheaper batch preparation.",
@@ -52,6 +57,8 @@ NEXT_STEPS = {
     "memory": "Lower the peak: activation checkpointing, a smaller micro-batch with gradient accumulation, bf16.",
     "numerics": "Find the first non-finite value: the Numerics page, or gpuprof replay on its bundle.",
 }
+# Findings about how to measure the run, not how to speed it up: never a verdict's next step.
+ABOUT_MEASURING = {"warmup-pollution"}
 MISSING_WHY = {
     "phases": "The run did not time the step's phases: waiting for data cannot be told from the work.",
     "trace window": "Without a trace window, communication (and on a GPU, compute from launch overhead) "
@@ -89,8 +96,10 @@ class Verdict:
         return json_safe({**asdict(self), "headline": self.headline})
 
 
-def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool) -> Verdict:
-    """The verdict from the run's summary, its ranked findings and its traces' step breakdown."""
+def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool, meta: dict | None = None) -> Verdict:
+    """The verdict from the run's summary, its ranked findings and its traces' step breakdown; `meta`,
+    the run's, says what the loop already runs with (its `loop` facts), so that the next step is not one
+    the loop took."""
     if summary.n_steps == 0:
         return missing("steps", "The run recorded no step.")
     trouble = critical_trouble(summary, findings)
@@ -100,11 +109,11 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     others = {bound: share for bound, share in shares.items() if bound != "compute" and share >= BOUND_MIN_SHARE_PCT}
     if others:
         bound = max(others, key=others.get)
-        return measured(bound, shares[bound], sources[bound], findings)
+        return measured(bound, shares[bound], sources[bound], findings, meta)
     signal = missing_signal(summary, shares)
     if signal is not None:
         return unmeasured(signal, summary, shares)
-    return measured("compute", shares["compute"], sources["compute"], findings)
+    return measured("compute", shares["compute"], sources["compute"], findings, meta)
 
 
 def critical_trouble(summary, findings: list) -> Verdict | None:
@@ -182,15 +191,51 @@ def missing_signal(summary, shares: dict) -> str | None:
     return None
 
 
-def measured(bound: str, share_pct: float, source: str, findings: list) -> Verdict:
+def measured(bound: str, share_pct: float, source: str, findings: list, meta: dict | None) -> Verdict:
     why = f"{WHAT[bound].capitalize()}: {fmt_share(share_pct)} of step time ({source})."
-    return Verdict(bound, share_pct, why, next_step(bound, findings))
+    return Verdict(bound, share_pct, why, next_step(bound, findings, meta))
 
 
-def next_step(bound: str, findings: list) -> str:
-    """The fix of the top finding about this bound, else the usual first move."""
-    finding = next((f for f in findings if f.category == bound), None)
-    return f"{finding.fix} (finding {finding.rule})" if finding is not None else NEXT_STEPS[bound]
+def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
+    """The fix of the top finding about this bound, else the usual first moves the loop does not make yet."""
+    finding = next((f for f in findings if f.category == bound and f.rule not in ABOUT_MEASURING), None)
+    if finding is not None:
+        return f"{finding.fix} (finding {finding.rule})"
+    levers = loop_levers(bound, meta)
+    if levers is None:
+        return NEXT_STEPS[bound]
+    if bound == "host":
+        return f"Cut host work per step: {', '.join(levers)}."
+    if not levers:
+        return ("The usual levers are in place (autocast, fused attention and optimizer, torch.compile): a larger "
+                "micro-batch while memory allows, then the slowest kernels of a trace window (gpuprof trace).")
+    return f"Make the compute cheaper: {', '.join(levers)}; then a larger micro-batch while memory allows."
+
+
+def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
+    """NEXT_STEPS' levers for a compute or host bound that the loop does not use yet, read from its `loop`
+    facts; None for another bound or without the facts."""
+    loop = (meta or {}).get("loop") or {}
+    model, optimizer = loop.get("model"), loop.get("optimizer") or {}
+    if bound not in ("compute", "host") or not isinstance(model, dict):
+        return None
+    compiled, unfused_optimizer = bool(model.get("compiled")), bool(optimizer.get("fused_supported")) and not optimizer.get("fused")
+    if bound == "host":
+        wanted = {
+            "torch.compile or CUDA graphs for many small kernels": not compiled,
+            "CUDA graphs (torch.compile(mode='reduce-overhead'))": compiled,
+            "no .item()/print of device values inside the step": True,
+            "a fused optimizer": unfused_optimizer,
+        }
+    else:
+        dtype = str(loop.get("autocast_dtype") or meta.get("compute_dtype") or "").lower()
+        wanted = {
+            "bf16 autocast": primary_device(meta).get("kind") == "cuda" and dtype in FP32_NAMES,
+            "fused attention (sdpa)": str(model.get("attn_implementation") or "").lower() in UNFUSED_ATTENTION,
+            "a fused optimizer": unfused_optimizer,
+            "torch.compile": not compiled,
+        }
+    return [lever for lever, missing_here in wanted.items() if missing_here]
 
 
 def unmeasured(signal: str, summary, shares: dict) -> Verdict:

@@ -10,7 +10,8 @@ import pytest
 from analysis_trace.conftest import TraceBuilder
 
 from gpuprof.analysis.trace.tables import TABLE_NAMES
-from gpuprof.report import build_report, compare
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.report import build_report, compare, verdict
 from gpuprof.report.verdict import BOUND_MIN_SHARE_PCT, HOW_TO_RECORD
 
 STEP_US = 1000
@@ -163,3 +164,28 @@ def test_an_unreadable_trace_window_is_named_and_the_rest_reported(write_gpu_run
     [window] = report.trace_windows
     assert "corrupt gzip" in window.error and not window.tables
     assert report.verdict.missing == "trace window" and report.summary.n_steps == 20
+
+
+SDPA_FUSED_LOOP = {"model": {"class": "GPT2LMHeadModel", "attn_implementation": "sdpa", "compiled": False},
+                   "optimizer": {"class": "AdamW", "fused": True, "fused_supported": True}, "autocast_dtype": None}
+
+
+def test_the_next_step_leaves_out_what_the_loop_already_does(write_cpu_run):
+    """A compute-bound CPU loop with sdpa and a fused AdamW is told to compile, not to take what it has;
+    compiled as well, it is told its usual levers are in place; without loop facts, the usual moves."""
+    next_step = verdict_of(write_cpu_run(meta={"loop": SDPA_FUSED_LOOP})).next_step
+    assert next_step.startswith("Make the compute cheaper: torch.compile;")
+    assert not any(taken in next_step for taken in ("sdpa", "fused optimizer", "bf16"))
+    compiled = {**SDPA_FUSED_LOOP, "model": {**SDPA_FUSED_LOOP["model"], "compiled": True}}
+    assert verdict_of(write_cpu_run(meta={"loop": compiled})).next_step.startswith("The usual levers are in place")
+    assert verdict_of(write_cpu_run(meta={"loop": {}})).next_step == verdict.NEXT_STEPS["compute"]
+
+
+def test_host_levers_and_measuring_findings(gpu_device):
+    fp32_gpu = {"devices": [gpu_device], "compute_dtype": "fp32", "loop": SDPA_FUSED_LOOP}
+    assert verdict.loop_levers("compute", fp32_gpu) == ["bf16 autocast", "torch.compile"]
+    compiled = {**fp32_gpu, "loop": {**SDPA_FUSED_LOOP, "model": {"compiled": True}}}
+    host = verdict.loop_levers("host", compiled)
+    assert any("reduce-overhead" in lever for lever in host) and not any("torch.compile or" in lever for lever in host)
+    warmup = Finding(rule="warmup-pollution", severity="info", title="", fix="Leave the first step out", category="host")
+    assert verdict.next_step("host", [warmup], compiled).startswith("Cut host work per step: CUDA graphs")
