@@ -431,10 +431,12 @@ def reference_figures(summary, run) -> dict:
     config = run.meta.get("config") or {}
     system = run.system
     sampled = [column for column in system.columns if system[column].notna().any()]
+    loop_model = (run.meta.get("loop") or {}).get("model") or {}
     return {**{key: figures[key] for key in REFERENCE_FIGURES}, "compute_dtype": run.meta.get("compute_dtype"),
             "peak_flops_per_s": run.meta.get("peak_flops_per_s"), "clock": run.meta.get("clock"),
             "system_samples": len(system), "sampled_columns": sampled,
-            **{knob: config.get(knob) for knob in ("attention", "fused_adamw", "compile", "grad_accum")}}
+            **{knob: config.get(knob) for knob in ("attention", "fused_adamw", "compile", "grad_accum")},
+            "seen_compiled": loop_model.get("compiled")}  # what capture saw of the loop, beside the knob
 
 
 def failures(items: dict) -> dict:
