@@ -92,6 +92,24 @@ def test_fault_in_a_user_loop_is_blamed_exactly(tmp_path, capsys, fault, precisi
         assert "same blame as recorded during training" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("fault,precision,step,phase,module,op,first",
+                         [case for case in FAULT_CASES if case[:2] in {("attn-overflow@1", "fp16"),
+                                                                        ("sqrt-zero@1", "fp32")}],
+                         ids=["forward-fault", "backward-fault"])
+def test_activation_checkpointing_keeps_the_blame(tmp_path, fault, precision, step, phase, module, op, first):
+    """Activation checkpointing (Hugging Face's switch): the forward of each block runs again inside
+    backward, so the forensic re-run sees every block's forward twice; the blame still names the pass
+    it failed in."""
+    model = user_model()
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()  # the name since transformers 5.x; the older one before
+    run_dir = tmp_path / "run"
+    nanogpt_loop(run_dir, steps=step + 1, precision=precision, fault=fault, model=model)
+    [event] = events(run_dir, "nonfinite")
+    assert (event["step"], event["phase"], event["module"], event["op"], event["first"]) == \
+        (step, phase, module, op, first)
+
+
 def test_the_recorded_loss_is_the_one_before_grad_scaling():
     """At the first scaler.scale() the scale is made inside the recorded window; later it is a constant.
     Either way the micro-batch ends at the loss, not at loss * scale (the re-run scales it itself)."""
