@@ -13,11 +13,15 @@ Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, 
           sampler's thread is timed on its own thread
   switch  the parts switched on one at a time, each as interleaved pairs against bare: the increase
           in wall time per step over the configuration before
+  cold    a few of gpuprof's per-step pieces, each timed as the first thing after a bare training
+          step (where gpuprof's step-end work runs) and again at once: what the first call costs
+          against a repeated one
 
     .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
     .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
     .venv/bin/python benchmarks/overhead.py --loss outside --no-clip         # ... and no clip_grad_norm_
     .venv/bin/python benchmarks/overhead.py --components timer switch
+    .venv/bin/python benchmarks/overhead.py --pairs 3 --components cold
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
 """
@@ -33,6 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +47,12 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import gpuprof
 from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.collector import CollectorSet
+from gpuprof.capture.memory import RssReader
 from gpuprof.capture.profiler import Profiler
 from gpuprof.capture.system import SystemSampler
-from gpuprof.numerics.keeping import StepKeeping
+from gpuprof.numerics.keeping import StepKeeping, _WeightSample
 from gpuprof.numerics.monitor import NumericsMonitor
+from gpuprof.numerics.state import hyperparameters, rng_states
 from gpuprof.numerics.tape import Tape
 from gpuprof.run.writer import StreamWriter
 
@@ -332,6 +339,38 @@ def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
     return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, wall_s / steps
 
 
+def cold_probes(bench: Bench) -> dict[str, Callable[[], object]]:
+    """Pieces of gpuprof's per-step work, each a real code path, to time cold and warm."""
+    weights = _WeightSample(bench.model, bench.device, refresh_steps=0)
+    weights.absmax(0)  # its views made once, as during a run
+    rss, zero = RssReader(), torch.zeros((), device=bench.device)
+    return {
+        "one 0-d tensor add": lambda: zero + 1,
+        "RNG state copy (numerics)": rng_states,
+        "hyperparameter snapshot (numerics)": lambda: hyperparameters(bench.optimizer),
+        "weight sample, 3 ops (numerics)": lambda: weights.absmax(1),
+        "process RSS read (memory)": rss.rss_bytes,
+    }
+
+
+def cold_table(bench: Bench, rounds: int) -> dict[str, tuple[float, float]]:
+    """Per probe: the median microseconds as the first call after a bare training step, and as the
+    call repeated at once after it."""
+    probes = cold_probes(bench)
+    first: dict[str, list[float]] = {name: [] for name in probes}
+    repeated: dict[str, list[float]] = {name: [] for name in probes}
+    for _ in range(rounds):
+        for name, probe in probes.items():
+            train_steps(Bare(), bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, False,
+                        bench.args.loss == "outside", not bench.args.no_clip)
+            _synchronize(bench.device)
+            for times in (first[name], repeated[name]):
+                start = time.perf_counter()
+                probe()
+                times.append(time.perf_counter() - start)
+    return {name: (statistics.median(first[name]) * 1e6, statistics.median(repeated[name]) * 1e6) for name in probes}
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -353,6 +392,12 @@ def print_headline(args, bench: Bench, pairs: Pairs) -> None:
     print(f"  process CPU time (all threads): ratio x{pairs.median_ratio('cpu'):.4f} median, "
           f"p10-p90 x{cpu_low:.4f}-x{cpu_high:.4f}")
     print(f"  opening + closing a run (not in the steps): {statistics.median(pairs.open_close_s) * 1e3:.0f} ms")
+
+
+def print_cold_table(rows: dict[str, tuple[float, float]], rounds: int) -> None:
+    print(f"\nfirst call after a training step against the call repeated at once (median of {rounds}, us):")
+    for name, (first_us, repeated_us) in rows.items():
+        print(f"  {name:<40} {first_us:8.1f} {repeated_us:8.1f}   x{first_us / repeated_us:.1f}")
 
 
 def print_hook_table(parts: dict[str, float], step_s: float) -> None:
@@ -403,10 +448,11 @@ def main() -> None:
     parser.add_argument("--no-clip", action="store_true",
                         help="the loop does not clip: gpuprof computes the gradient norm itself")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--components", nargs="*", choices=("timer", "switch"), default=(),
+    parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold"), default=(),
                         help="add the per-part table(s) in us per step")
     parser.add_argument("--timer-steps", type=int, default=100, help="captured steps under the hook timer")
     parser.add_argument("--switch-pairs", type=int, default=10, help="pairs per configuration for `switch`")
+    parser.add_argument("--cold-rounds", type=int, default=30, help="training steps per probe for `cold`")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -425,11 +471,15 @@ def main() -> None:
             for label, (owner, attribute) in PATCHED_OUT.items():
                 with no_op(owner, attribute):
                     patched_out[label] = bench.pairs({}, args.switch_pairs, label)
+        if "cold" in args.components:
+            cold = cold_table(bench, args.cold_rounds)
     print_headline(args, bench, headline)
     if "timer" in args.components:
         print_hook_table(parts, step_s)
     if "switch" in args.components:
         print_switch_table(switched, patched_out)
+    if "cold" in args.components:
+        print_cold_table(cold, args.cold_rounds)
     print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
 
 
