@@ -4,6 +4,7 @@ home for what capture and numerics both need."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import torch
@@ -18,16 +19,20 @@ def eager_model(model: torch.nn.Module) -> torch.nn.Module:
         model = inner
 
 
+_EVAL_FRAME_FILE = os.path.join("_dynamo", "eval_frame.py")  # by its end: a moved install keeps older paths
+
+
 def called_under_compile() -> bool:
     """Whether the caller runs inside torch.compile'd code (a compiled module or function), seen from an
-    eager hook of the plain module it calls: a frame of the stack is dynamo's compile context. A loop
-    may hand gpuprof the plain model and run a compiled wrapper of it. Walks the stack: call it once."""
+    eager hook of the plain module it calls: a frame of dynamo's eval_frame.py on the stack belongs to
+    its compile context. A loop may hand gpuprof the plain model and run a compiled wrapper of it.
+    Walks the stack (reading locals of dynamo's frames only): call it once."""
     eval_frame = getattr(torch._dynamo, "eval_frame", None)
     contexts = tuple(kind for kind in (getattr(eval_frame, "OptimizeContext", None),
                                        getattr(eval_frame, "OptimizedModule", None)) if isinstance(kind, type))
     frame = sys._getframe(1)
     while frame is not None and contexts:
-        if isinstance(frame.f_locals.get("self"), contexts):
+        if frame.f_code.co_filename.endswith(_EVAL_FRAME_FILE) and isinstance(frame.f_locals.get("self"), contexts):
             return True
         frame = frame.f_back
     return False
