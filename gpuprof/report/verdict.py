@@ -219,7 +219,8 @@ def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
     model, optimizer = loop.get("model"), loop.get("optimizer") or {}
     if bound not in ("compute", "host") or not isinstance(model, dict):
         return None
-    compiled, unfused_optimizer = bool(model.get("compiled")), bool(optimizer.get("fused_supported")) and not optimizer.get("fused")
+    compiled = bool(model.get("compiled"))
+    unfused_optimizer = bool(optimizer.get("fused_supported")) and not optimizer.get("fused")
     if bound == "host":
         wanted = {
             "torch.compile or CUDA graphs for many small kernels": not compiled,

@@ -187,5 +187,6 @@ def test_host_levers_and_measuring_findings(gpu_device):
     compiled = {**fp32_gpu, "loop": {**SDPA_FUSED_LOOP, "model": {"compiled": True}}}
     host = verdict.loop_levers("host", compiled)
     assert any("reduce-overhead" in lever for lever in host) and not any("torch.compile or" in lever for lever in host)
-    warmup = Finding(rule="warmup-pollution", severity="info", title="", fix="Leave the first step out", category="host")
+    warmup = Finding(rule="warmup-pollution", severity="info", title="", fix="Leave the first step out",
+                     category="host")
     assert verdict.next_step("host", [warmup], compiled).startswith("Cut host work per step: CUDA graphs")
