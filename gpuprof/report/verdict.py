@@ -20,8 +20,9 @@ import pandas as pd
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
-from gpuprof.diagnoses.rules.attention import UNFUSED_ATTENTION
-from gpuprof.diagnoses.rules.precision import FP32_NAMES
+from gpuprof.diagnoses.rules.attention import eager_attention
+from gpuprof.diagnoses.rules.optimizer import fused_kernel_unused
+from gpuprof.diagnoses.rules.precision import FP32_NAMES, recorded_dtype
 from gpuprof.report.format import fmt_share
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
@@ -219,8 +220,7 @@ def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
     model, optimizer = loop.get("model"), loop.get("optimizer") or {}
     if bound not in ("compute", "host") or not isinstance(model, dict):
         return None
-    compiled = bool(model.get("compiled"))
-    unfused_optimizer = bool(optimizer.get("fused_supported")) and not optimizer.get("fused")
+    compiled, unfused_optimizer = bool(model.get("compiled")), fused_kernel_unused(optimizer)
     if bound == "host":
         wanted = {
             "torch.compile or CUDA graphs for many small kernels": not compiled,
@@ -229,10 +229,9 @@ def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
             "a fused optimizer": unfused_optimizer,
         }
     else:
-        dtype = str(loop.get("autocast_dtype") or meta.get("compute_dtype") or "").lower()
         wanted = {
-            "bf16 autocast": primary_device(meta).get("kind") == "cuda" and dtype in FP32_NAMES,
-            "fused attention (sdpa)": str(model.get("attn_implementation") or "").lower() in UNFUSED_ATTENTION,
+            "bf16 autocast": primary_device(meta).get("kind") == "cuda" and recorded_dtype(meta) in FP32_NAMES,
+            "fused attention (sdpa)": eager_attention(model),
             "a fused optimizer": unfused_optimizer,
             "torch.compile": not compiled,
         }

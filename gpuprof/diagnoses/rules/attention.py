@@ -13,12 +13,17 @@ from gpuprof.diagnoses.registry import rule
 UNFUSED_ATTENTION = {"eager", "math", "manual"}
 
 
+def eager_attention(model_facts: dict) -> bool:
+    """Whether the model's recorded attention implementation (meta["loop"]["model"]) is an unfused one."""
+    return str(model_facts.get("attn_implementation") or "").lower() in UNFUSED_ATTENTION
+
+
 @rule("attention-not-fused", "compute")
 def attention_not_fused(ctx):
     model = ctx.loop("model")
-    implementation = model.get("attn_implementation")
-    if implementation is None or str(implementation).lower() not in UNFUSED_ATTENTION:
+    if not eager_attention(model):
         return None
+    implementation = model.get("attn_implementation")
     return Finding(
         rule="attention-not-fused",
         severity=ctx.gpu_warning,

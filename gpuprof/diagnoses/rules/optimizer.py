@@ -21,10 +21,16 @@ def implementation(facts: dict, on_gpu: bool) -> str:
     return "foreach" if foreach or (foreach is None and on_gpu) else "for-loop"
 
 
+def fused_kernel_unused(facts: dict) -> bool:
+    """Whether torch has a fused kernel for the recorded optimizer (meta["loop"]["optimizer"]) that it
+    was not built to use."""
+    return bool(facts.get("fused_supported")) and not facts.get("fused")
+
+
 @rule("unfused-optimizer", "compute")
 def unfused_optimizer(ctx):
     facts = ctx.loop("optimizer")
-    if not facts.get("fused_supported") or facts.get("fused"):
+    if not fused_kernel_unused(facts):
         return None
     optimizer_share_pct = ctx.summary.phase_split_pct.get("optimizer")
     name = facts.get("class")

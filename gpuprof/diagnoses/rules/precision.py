@@ -17,7 +17,13 @@ TENSOR_CORE_MATMUL_MIN_PCT = 50.0
 
 
 def compute_dtype(ctx) -> str | None:
-    recorded = ctx.autocast_dtype or ctx.meta.get("compute_dtype")
+    return recorded_dtype(ctx.meta)
+
+
+def recorded_dtype(meta: dict) -> str | None:
+    """The dtype the loop computes in: the autocast dtype capture saw in the forward, else the compute
+    dtype it recorded."""
+    recorded = (meta.get("loop") or {}).get("autocast_dtype") or meta.get("compute_dtype")
     return None if recorded is None else str(recorded).lower()
 
 
