@@ -10,7 +10,7 @@ from gpuprof.capture.loopfacts import LoopFacts
 from gpuprof.capture.memory import MemoryCollector
 from gpuprof.capture.oom import OomCollector
 from gpuprof.capture.optimizer import OptimizerCollector
-from gpuprof.capture.phases import has_step_hooks
+from gpuprof.optimizers import has_step_hooks
 from gpuprof.capture.scaler import ScalerCollector
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector

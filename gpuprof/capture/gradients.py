@@ -26,7 +26,8 @@ anyway, the Profiler calls `join_step_collectives` once per `prof.step()` for th
 
 Per-layer rows (per transformer block and per parameter) go to the `layers` stream every
 `layer_interval` steps; update ratios ‖Δw‖/‖w‖ every `update_ratio_interval` steps, from a
-copy of the weights taken just before `optimizer.step()` and dropped right after it.
+copy of the weights taken just before the step's first `optimizer.step()` and dropped at `prof.step()`
+(with several optimizers, gpuprof.optimizers, after all of them).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch.amp.grad_scaler import OptState
 from gpuprof.capture import clipping
 from gpuprof.capture.distributed import ShardReduction
 from gpuprof.capture.lazy import all_finite, read_if_host
+from gpuprof.optimizers import members
 from gpuprof.capture.trace import own_work
 from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor
@@ -80,6 +82,7 @@ class GradientCollector:
         self.names = [name for name, _ in named]
         self.params = [param for _, param in named]
         self._same_kind = len({(param.device, param.dtype) for param in self.params}) == 1  # so are their grads
+        self._member_of = _member_of(self.params, optimizer)
         self.blocks = block_groups(self.names)
         self._scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self._optimizer = optimizer
@@ -124,7 +127,7 @@ class GradientCollector:
 
     def on_step_start(self, prof, step: int) -> None:
         self._total, self._param_norms, self._passes, self._update_norms, self._joined = None, None, 0, None, False
-        self._step = step
+        self._step, self._weights_before = step, None
         self._layer_step = bool(self._layer_interval) and step % self._layer_interval == 0
         self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0
 
@@ -151,9 +154,7 @@ class GradientCollector:
             return
         if self._reduction is not None:  # DTensors only exist on a sharded model
             grads = [local_tensor(grad) for grad in grads]
-        norms = tensor_norms(grads, same_kind=self._same_kind)
-        scale = self._scale_still_applied()
-        norms = norms / scale.to(norms.device) if scale is not None else norms
+        norms = self._unscaled(tensor_norms(grads, same_kind=self._same_kind))
         self._param_norms, self._total = norms, torch.linalg.vector_norm(norms)
         if before_update:
             self._notify()
@@ -170,7 +171,7 @@ class GradientCollector:
 
     def _is_global_norm(self, grads: list, norm_type: float) -> bool:
         """The norm this collector records: the 2-norm over the model's own, unscaled gradients."""
-        if norm_type != 2.0 or not grads or self._scale_still_applied() is not None:
+        if norm_type != 2.0 or not grads or any(self._still_scaled()):
             return False
         params = self.params
         if len(grads) == len(params) and grads[0] is params[0].grad and grads[-1] is params[-1].grad:
@@ -187,6 +188,7 @@ class GradientCollector:
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}
         self._ranks_safe(self._take_norm)(False)  # no clip or optimizer hook saw this step's gradients
+        self._ranks_safe(self._measure_update)()
         if self._reduction is not None:  # how many ranks' parts were unknown: read with the record, no sync
             fields["_grad_nonfinite_origin"], fields["_grad_unknown_ranks"] = self._reduce_over_ranks(prof.device)
             self._total = torch.linalg.vector_norm(self._param_norms) if self._param_norms is not None else None
@@ -271,23 +273,39 @@ class GradientCollector:
         for index, name in enumerate(self.names):
             yield name, "param", [index]
 
-    def _scale_still_applied(self) -> torch.Tensor | None:
-        """The GradScaler's scale while the gradients are still multiplied by it (not unscaled yet)."""
+    def _still_scaled(self) -> list[bool]:
+        """Per optimizer given (one when none was), whether the GradScaler's scale still multiplies its
+        gradients (not unscaled yet); [] without an enabled GradScaler."""
         scaler = self._scaler
         if scaler is None or getattr(scaler, "_scale", None) is None:
-            return None
-        state = scaler._per_optimizer_states.get(id(self._optimizer)) if self._optimizer is not None else None
-        return None if state is not None and state["stage"] is OptState.UNSCALED else scaler._scale
+            return []
+        stages = [scaler._per_optimizer_states.get(id(member)) for member in members(self._optimizer)] or [None]
+        return [stage is None or stage["stage"] is not OptState.UNSCALED for stage in stages]
+
+    def _unscaled(self, norms: torch.Tensor) -> torch.Tensor:
+        """Per-parameter norms with the scale divided out where it still applies. Several optimizers pass
+        `scaler.step()` one at a time: while some are unscaled, only the others' parameters are divided."""
+        scaled = self._still_scaled()
+        if not any(scaled):
+            return norms
+        scale = self._scaler._scale.to(norms.device)
+        if all(scaled):
+            return norms / scale
+        return torch.stack([norm / scale if scaled[member] else norm
+                            for norm, member in zip(norms.unbind(), self._member_of)])
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_update = True
         self._take_norm(True)
-        if self._ratio_step:
+        if self._ratio_step and self._weights_before is None and self._update_norms is None:  # the step's first update
             with torch.no_grad():
                 self._weights_before = torch._foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_update = False
+
+    def _measure_update(self) -> None:
+        """At the step's end, when every optimizer given has stepped: ‖Δw‖ and ‖w‖ per parameter."""
         if self._weights_before is None:
             return
         with torch.no_grad():
@@ -295,6 +313,13 @@ class GradientCollector:
             deltas = torch._foreach_sub(weights, self._weights_before)
             self._weights_before = None
             self._update_norms = (tensor_norms(deltas), tensor_norms(weights))
+
+
+def _member_of(params: list[torch.Tensor], optimizer) -> list[int]:
+    """For each parameter, which of the given optimizers updates it (0 when none does)."""
+    owner = {id(param): index for index, member in enumerate(members(optimizer))
+             for group in member.param_groups for param in group["params"]}
+    return [owner.get(id(param), 0) for param in params]
 
 
 def _ratio(delta: list[float], weight: list[float], indices: list[int]) -> float | None:

@@ -1,7 +1,8 @@
 """What the loop runs with, read from the objects it hands over: meta.json's "loop".
 
 Model (class, attention implementation, compiled, module types), optimizer (fused/foreach,
-param groups, whether a fused kernel exists), DataLoader settings, torch's global matmul and
+param groups, whether a fused kernel exists; of several, each one's in "members"; the model's
+trainable parameters none of them updates), DataLoader settings, torch's global matmul and
 cuDNN switches, all read once at start; the autocast dtype of the first training forward, and
 whether it ran inside torch.compile'd code (a loop may hand over the plain model and run a
 compiled wrapper), come from ModelInfo. The diagnoses read these instead of the workload's config.
@@ -17,6 +18,9 @@ import torch
 
 from gpuprof.capture import environment
 from gpuprof.modules import eager_model
+from gpuprof.optimizers import OptimizerChain, params_without_optimizer
+
+NAMES_KEPT = 5  # of the parameters no optimizer updates, the names meta.json lists
 
 try:
     from torch.optim.optimizer import _get_fused_kernels_supported_devices as fused_devices
@@ -50,6 +54,9 @@ def _compiled(model: Any) -> bool:
 
 
 def optimizer_facts(optimizer: Any) -> dict[str, Any]:
+    if isinstance(optimizer, OptimizerChain):
+        parts = [optimizer_facts(member) for member in optimizer.members]
+        return {"class": optimizer.name, "param_groups": sum(part["param_groups"] for part in parts), "members": parts}
     defaults = getattr(optimizer, "defaults", None) or {}
     groups = getattr(optimizer, "param_groups", None) or []
     return {
@@ -59,6 +66,15 @@ def optimizer_facts(optimizer: Any) -> dict[str, Any]:
         "param_groups": len(groups),
         "fused_supported": _fused_supported(optimizer, groups),
     }
+
+
+def _optimizer_and_coverage(optimizer: Any, model: torch.nn.Module | None) -> dict[str, Any]:
+    """The optimizer's facts, and the model's trainable parameters none of the optimizers given updates."""
+    facts = optimizer_facts(optimizer)
+    if model is not None:
+        outside = params_without_optimizer(eager_model(model), optimizer)
+        facts.update(params_without_optimizer=len(outside), params_without_optimizer_names=outside[:NAMES_KEPT])
+    return facts
 
 
 def _fused_supported(optimizer: Any, groups: list) -> bool:
@@ -93,7 +109,7 @@ class LoopFacts:
         model, optimizer, loader = self._objects
         self._facts = {
             "model": model_facts(model) if model is not None else None,
-            "optimizer": optimizer_facts(optimizer) if optimizer is not None else None,
+            "optimizer": _optimizer_and_coverage(optimizer, model) if optimizer is not None else None,
             "loader": loader_facts(loader) if loader is not None else None,
             "torch": environment.torch_settings(),
         }

@@ -2,7 +2,8 @@
 
 Counts `optimizer.step()` calls with a step pre-hook (no sync): a step with none was
 skipped. The learning rate recorded is the one `optimizer.step()` used (read in that hook),
-not the one a scheduler set for the next step. Notes an LR scheduler that advanced on a skipped step (an event), since the
+not the one a scheduler set for the next step: its first param group's, and with several optimizers
+(gpuprof.optimizers) the first one's. Notes an LR scheduler that advanced on a skipped step (an event), since the
 schedule then runs ahead of the weights.
 """
 
@@ -40,7 +41,8 @@ class OptimizerCollector:
 
     def _count(self, optimizer, args, kwargs) -> None:
         self._calls += 1
-        self._lr_used = _lr(optimizer)
+        if self._calls == 1:
+            self._lr_used = _lr(self._optimizer)
 
     def on_step_start(self, prof, step: int) -> None:
         self._calls, self._lr_used = 0, None

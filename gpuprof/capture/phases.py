@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from gpuprof.optimizers import has_step_hooks
 from gpuprof.capture.timing import PhaseTimes
 from gpuprof.run.schema import EventKind
 
@@ -32,16 +33,6 @@ from gpuprof.run.schema import EventKind
 def is_training_call(module: torch.nn.Module) -> bool:
     """A forward call that builds a graph for a training backward (not eval, no_grad or inference_mode)."""
     return module.training and torch.is_grad_enabled()
-
-
-def inner_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside a wrapper such as Accelerate's, whose own step() runs no hooks."""
-    inner = getattr(optimizer, "optimizer", None)
-    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
-
-
-def has_step_hooks(optimizer: Any) -> bool:
-    return all(callable(getattr(optimizer, name, None)) for name in ("register_step_pre_hook", "register_step_post_hook"))
 
 
 def _first_graph_output(output: Any) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 from collections import deque
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -31,7 +31,8 @@ from gpuprof.capture.collector import CollectorSet, StepState
 from gpuprof.capture.lazy import PendingRecord, all_finite, read_if_host
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
-from gpuprof.capture.phases import PhaseHooks, inner_optimizer
+from gpuprof.optimizers import one_optimizer
+from gpuprof.capture.phases import PhaseHooks
 from gpuprof.capture.system import AUTO_INTERVAL
 from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
@@ -55,6 +56,7 @@ class Profiler:
 
     model, optimizer, scaler, lr_scheduler: optional; what needs them is skipped without them. Given the
     model and the optimizer, every step is split into phases by hooks (gpuprof.capture.phases).
+    optimizer may be a list of the optimizers the loop steps (e.g. [muon, adamw]; gpuprof.optimizers).
     loader: the training DataLoader, optional; its settings are recorded in meta.json ("loop").
     config: the user's config dict, stored in meta.json.   name: display name (default: folder name).
     trace_steps: optimizer steps to record with torch.profiler (e.g. range(10, 14)); None for none.
@@ -73,7 +75,7 @@ class Profiler:
         run_dir: str | os.PathLike,
         *,
         model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         scaler: Any = None,
         loader: Any = None,
         config: Mapping[str, Any] | None = None,
@@ -97,7 +99,7 @@ class Profiler:
         self.run_dir = os.fspath(run_dir)
         # a model that is not a Module (a plain function) is reported once by PhaseHooks, then ignored
         hookable_model = model if isinstance(model, torch.nn.Module) else None
-        optimizer = inner_optimizer(optimizer)
+        optimizer = one_optimizer(optimizer)
         self.model, self.optimizer, self.scaler, self.lr_scheduler = hookable_model, optimizer, scaler, lr_scheduler
         self.loader = loader
         self.config = dict(config or {})

@@ -5,7 +5,8 @@ read back with `torch.load(weights_only=True)`, which refuses anything else (a p
 function or class in a bundle from someone else is an error, not code that runs).
 
 Layout (format "gpuprof-numerics-bundle", version 1):
-    step, rank, blame (dict), model_state (state_dict), optimizer (class name + state_dict),
+    step, rank, blame (dict), model_state (state_dict), optimizer (class name + state_dict + parameter
+    names; a list of them for several optimizers),
     scaler (state_dict or None), rng, hyper, non_tensor, training, autocast,
     micro_batches (list of batches, or of recorded micro-batches, see numerics.tape), loss
     ("default": model(...).loss, "custom": the caller's loss_fn, "program": the recorded loss

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gpuprof.optimizers import members
 from gpuprof.modules import eager_model
 from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.state import (
@@ -51,9 +52,9 @@ def private_copy(model, optimizer, scaler):
         for hooks in ("_backward_hooks", "_post_accumulate_grad_hooks"):
             if getattr(param, hooks, None):
                 setattr(param, hooks, None)
-    if optimizer is not None:
-        optimizer._optimizer_step_pre_hooks.clear()
-        optimizer._optimizer_step_post_hooks.clear()
+    for member in members(optimizer):
+        member._optimizer_step_pre_hooks.clear()
+        member._optimizer_step_post_hooks.clear()
     return model, optimizer, scaler
 
 
@@ -121,10 +122,11 @@ def _run(model, optimizer, scaler, loss_fn, micro_batches, inputs, watch: OpWatc
     if watch.found is None and optimizer is not None:
         watch.phase = "optimizer"
         with watch:
-            if scaler is not None:
-                scaler.step(optimizer)
-            else:
-                optimizer.step()
+            for member in members(optimizer):
+                if scaler is not None:
+                    scaler.step(member)
+                else:
+                    member.step()
 
 
 def _namer(model, optimizer, scaler) -> Callable[[torch.Tensor], str | None]:

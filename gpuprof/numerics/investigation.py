@@ -10,6 +10,7 @@ import logging
 from typing import Any, Callable
 
 from gpuprof.modules import is_sharded
+from gpuprof.optimizers import members, params_without_optimizer
 from gpuprof.numerics import bundle
 from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
@@ -79,6 +80,11 @@ class Investigator:
             blame.notes.append("the state was kept after this step's update, since its gradients were finite "
                                "(numerics keep_state 'when_bad'): if the update itself overflowed it shows as "
                                "phase 'state'; keep_state='every_step' replays it exactly")
+        outside = params_without_optimizer(self.model, self.optimizer) if self.optimizer is not None else []
+        if outside:
+            blame.notes.append(f"{len(outside)} trainable parameters ({outside[0]}, ...) are in none of the "
+                               "optimizers gpuprof was given: if another optimizer updates them, the kept state "
+                               "may already hold its update; pass every one (optimizer=[...])")
         if not blame.reproduced:
             blame.notes.append(NOT_REPRODUCED + "the re-run stayed finite (a non-deterministic kernel, or state "
                                "changed outside the model, optimizer and scaler)")
@@ -109,14 +115,20 @@ class Investigator:
         return bundle.to_host({
             "step": inputs.step, "rank": self._rank, "device_type": self._device_type,
             "model_state": model.state_dict(),
-            "optimizer": None if optimizer is None else {
-                "class": type(optimizer).__name__, "state_dict": optimizer.state_dict(),
-                "params": [names[id(p)] for g in optimizer.param_groups for p in g["params"]]},
+            "optimizer": _optimizer_entry(optimizer, names),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": inputs.rng, "micro_batches": micro_batches, "loss": loss_kind,
             "inputs": {"training": inputs.training, "autocast": inputs.autocast},
             "builder": self._builder or bundle.builder_for(model),
         })
+
+
+def _optimizer_entry(optimizer, names: dict[int, str]) -> dict[str, Any] | list[dict[str, Any]] | None:
+    """Each optimizer's class, state_dict and parameter names; a list when the loop steps several."""
+    entries = [{"class": type(member).__name__, "state_dict": member.state_dict(),
+                "params": [names[id(p)] for g in member.param_groups for p in g["params"]]}
+               for member in members(optimizer)]
+    return entries if len(entries) > 1 else entries[0] if entries else None
 
 
 def _sharded_blame(blame: Blame, origin: tuple[int, str] | None) -> Blame:

@@ -18,6 +18,7 @@ from gpuprof.numerics.bundle import BundleError
 from gpuprof.numerics.forensics import LossFn, default_loss, reenact
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import TapeError, decode_micro_batch
+from gpuprof.optimizers import one_optimizer
 
 SAME_BLAME_FIELDS = ("step", "phase", "module", "op", "first")
 
@@ -102,9 +103,11 @@ def _model_and_loss(contents: dict[str, Any], model, loss_fn):
     return model, loss_fn or default_loss
 
 
-def _optimizer(saved: dict[str, Any] | None, model: torch.nn.Module):
+def _optimizer(saved: dict[str, Any] | list[dict[str, Any]] | None, model: torch.nn.Module):
     if saved is None:
         return None
+    if isinstance(saved, list):  # several optimizers, stepped in this order
+        return one_optimizer([_optimizer(entry, model) for entry in saved])
     cls = getattr(torch.optim, str(saved["class"]), None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise BundleError(f"the bundle's optimizer {saved['class']!r} is not a torch.optim optimizer")

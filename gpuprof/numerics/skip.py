@@ -3,7 +3,8 @@
 Right after `optimizer.step()` one device value says whether any gradient it used is non-finite
 (read then, not before the step: Lightning runs forward and backward inside `step(closure)`), and
 every parameter and optimizer state tensor is put back where it was (`torch.where` on that value:
-no host sync); state the step created (Adam's first step) goes back to zeros.
+no host sync); state the step created (Adam's first step) goes back to zeros. With several
+optimizers (gpuprof.optimizers) each one's step is undone on its own: its parameters and its state.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ class SkipBadUpdates:
             return
         bad = ~torch.isfinite(absmax_of(grads, self._device))
         kept = keeper.current_views()
-        live = {n: t for n, t in live_tensors(eager_model(self._keeping.model), optimizer).items()
-                if t.device == keeper.device}
+        model = eager_model(self._keeping.model)
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        others = {name for name, p in model.named_parameters() if id(p) not in owned}  # another optimizer's
+        live = {n: t for n, t in live_tensors(model, optimizer).items() if t.device == keeper.device and n not in others}
         with torch.no_grad():
             before = [kept[n] if n in kept else torch.zeros_like(t) for n, t in live.items()]
             restored = [torch.where(bad, old, t) for old, t in zip(before, live.values())]

@@ -21,7 +21,7 @@ from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.rules.attention import eager_attention
-from gpuprof.diagnoses.rules.optimizer import fused_kernel_unused
+from gpuprof.diagnoses.rules.optimizer import unfused_optimizers
 from gpuprof.diagnoses.rules.precision import FP32_NAMES, recorded_dtype
 from gpuprof.report.format import fmt_share
 
@@ -220,7 +220,7 @@ def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
     model, optimizer = loop.get("model"), loop.get("optimizer") or {}
     if bound not in ("compute", "host") or not isinstance(model, dict):
         return None
-    compiled, unfused_optimizer = bool(model.get("compiled")), fused_kernel_unused(optimizer)
+    compiled, unfused_optimizer = bool(model.get("compiled")), bool(unfused_optimizers(optimizer))
     if bound == "host":
         wanted = {
             "torch.compile or CUDA graphs for many small kernels": not compiled,

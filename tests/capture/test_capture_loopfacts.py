@@ -63,7 +63,8 @@ def test_loop_facts_of_an_eager_attention_bf16_loop(tmp_path):
     assert loop["model"]["compiled"] is False
     assert loop["model"]["module_types"]["GPT2Block"] == 2 and len(loop["model"]["module_types"]) <= 20
     assert loop["optimizer"] == {"class": "AdamW", "fused": None, "foreach": False, "param_groups": 2,
-                                 "fused_supported": accepts_fused(model)}
+                                 "fused_supported": accepts_fused(model), "params_without_optimizer": 0,
+                                 "params_without_optimizer_names": []}
     assert loop["loader"] == {"class": "DataLoader", "num_workers": 0, "pin_memory": False, "prefetch_factor": None,
                               "persistent_workers": False, "batch_size": BATCH}
     assert loop["torch"]["cudnn_benchmark"] is True

@@ -99,6 +99,28 @@ def test_unfused_optimizer_needs_a_fused_kernel(write_cpu_run):
     assert not fired(write_cpu_run(meta=no_kernel), "unfused-optimizer")
 
 
+MUON = {"class": "Muon", "fused": None, "foreach": None, "param_groups": 1, "fused_supported": False}
+
+
+def test_unfused_optimizer_of_several_names_the_one_with_a_kernel(write_cpu_run):
+    def chain(adamw: dict) -> dict:
+        return loop(optimizer={"class": "Muon+AdamW", "param_groups": 3, "members": [MUON, adamw]})
+
+    (finding,) = fired(write_cpu_run(meta=chain({**FUSED_ADAMW, "fused": None})), "unfused-optimizer")
+    assert finding.evidence["class"] == "AdamW"
+    assert not fired(write_cpu_run(meta=chain(FUSED_ADAMW)), "unfused-optimizer")  # Muon has no fused kernel
+
+
+def test_params_without_optimizer_from_the_loop_facts(write_cpu_run):
+    names = ["transformer.h.0.attn.c_attn.weight", "transformer.h.0.mlp.c_fc.weight"]
+    missed = loop(optimizer={**FUSED_ADAMW, "params_without_optimizer": 8, "params_without_optimizer_names": names})
+    (finding,) = fired(write_cpu_run(meta=missed), "params-without-optimizer")
+    assert finding.evidence["params_without_optimizer"] == 8 and finding.evidence["first_names"] == names
+    assert finding.severity == "warning" and names[0] in finding.title
+    covered = loop(optimizer={**FUSED_ADAMW, "params_without_optimizer": 0, "params_without_optimizer_names": []})
+    assert not fired(write_cpu_run(meta=covered), "params-without-optimizer")
+
+
 def test_fp32_matmul_from_torch_settings(write_gpu_run):
     fp32 = {"compute_dtype": "fp32", **loop(autocast_dtype=None)}
     (finding,) = fired(write_gpu_run(meta=fp32), "fp32-matmul")

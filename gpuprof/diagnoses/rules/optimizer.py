@@ -27,11 +27,17 @@ def fused_kernel_unused(facts: dict) -> bool:
     return bool(facts.get("fused_supported")) and not facts.get("fused")
 
 
+def unfused_optimizers(facts: dict) -> list[dict]:
+    """The recorded optimizers with an unused fused kernel: of several (a "members" list), each one's facts."""
+    return [member for member in facts.get("members", [facts]) if fused_kernel_unused(member)]
+
+
 @rule("unfused-optimizer", "compute")
 def unfused_optimizer(ctx):
-    facts = ctx.loop("optimizer")
-    if not fused_kernel_unused(facts):
+    unfused = unfused_optimizers(ctx.loop("optimizer"))
+    if not unfused:
         return None
+    facts = unfused[0]
     optimizer_share_pct = ctx.summary.phase_split_pct.get("optimizer")
     name = facts.get("class")
     runs = implementation(facts, ctx.on_gpu)
