@@ -5,7 +5,9 @@ with gpuprof watching through torch's global hooks:
 
 - the model is the module called with grad enabled, before the first optimizer step, that holds
   the most of that optimizer's parameters (the outermost one on a tie: DDP and compile wrappers);
-- the optimizer is the first one whose `step()` runs; each of its steps ends one recorded step;
+- the optimizer is the first one whose `step()` runs, with any other optimizer of that model the
+  script's frame holds (directly or in a list, tuple or dict: Muon beside AdamW) that steps before
+  the first one steps again; each step of the one stepping last ends one recorded step;
 - the DataLoader is the last one iterated before that first step (its settings go to meta.json);
 - a GradScaler and an LR scheduler of that optimizer are found among the variables of the script's
   frame that made that first step (its locals, then its module's globals): torch keeps no registry
@@ -45,6 +47,8 @@ from gpuprof.integrations.batches import ForwardInputs
 from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
 
 logger = logging.getLogger("gpuprof")
+
+MAX_CONTAINER_ITEMS = 64  # the largest list, tuple or dict searched for optimizers
 
 TRAINER_MODULES = {  # module defining the class -> (class name, gpuprof callback module)
     "transformers.trainer": ("Trainer", "gpuprof.integrations.transformers"),
@@ -88,6 +92,8 @@ class ScriptRecorder:
         self.callbacks: list[Any] = []  # the Trainer callbacks attached, in order
         self._called: dict[int, torch.nn.Module] = {}
         self._optimizer = self._model = self._loader = self._scaler = self._scheduler = None
+        self._candidates: list = []  # the model's optimizers the script's frame holds, the first to step first
+        self._members: list = []  # those seen stepping in the first iteration, in order
         self._loader_iter = None
         self._inputs: ForwardInputs | None = None
         self._forward_hook = None
@@ -149,13 +155,20 @@ class ScriptRecorder:
         if self._optimizer is None and not self.callbacks:
             self._optimizer = optimizer
             self._model = _holder_of(optimizer, self._called.values())
-            self._scaler, self._scheduler = _loop_objects(optimizer)
+            values = _frame_values()
+            self._scaler, self._scheduler = _loop_objects(optimizer, values)
+            self._candidates = [optimizer, *_other_optimizers(optimizer, self._model, values)]
             if self._scaler is not None:
                 self._end_steps_at_scaler_updates()
             self._stop_discovery()
+        elif self.prof is None and optimizer is self._optimizer and optimizer in self._members:
+            self._candidates = list(self._members)  # a new iteration: those that have not stepped are not the loop's
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if optimizer is self._optimizer and self._scaler is None:
+        if self.prof is None and optimizer in self._candidates and optimizer not in self._members:
+            self._members.append(optimizer)
+        if (self._scaler is None and self._members and optimizer is self._members[-1]
+                and len(self._members) == len(self._candidates)):
             self._end_step()
 
     def _end_step(self) -> None:
@@ -177,7 +190,9 @@ class ScriptRecorder:
         self._scaler.update = update
 
     def _start_recording(self) -> None:
-        self.prof = Profiler(self.run_dir, model=self._model, optimizer=self._optimizer, scaler=self._scaler,
+        # under a GradScaler an optimizer may have been skipped in the first iteration: it comes last
+        optimizers = self._members + [found for found in self._candidates if found not in self._members]
+        self.prof = Profiler(self.run_dir, model=self._model, optimizer=optimizers, scaler=self._scaler,
                              lr_scheduler=self._scheduler, loader=self._loader, **self.options)
         if self._model is not None:
             self._inputs = ForwardInputs(self._model)
@@ -239,7 +254,7 @@ class ScriptRecorder:
 
 def _holder_of(optimizer, modules) -> torch.nn.Module | None:
     """The module holding the most of the optimizer's parameters; the first called wins a tie."""
-    params = {id(param) for group in optimizer.param_groups for param in group["params"]}
+    params = {id(param) for param in _params(optimizer)}
     best, best_count = None, 0
     for module in modules:
         count = sum(1 for param in module.parameters() if id(param) in params)
@@ -301,14 +316,38 @@ def _print_traceback(error: BaseException, script: str) -> None:
     traceback.print_exception(type(error), error, tb or error.__traceback__)
 
 
-def _loop_objects(optimizer) -> tuple[Any, Any]:
-    """(the enabled GradScaler, the LR scheduler of `optimizer`) that the script's frame making this
-    optimizer step holds, in its locals or else its module's globals; None for either not found."""
+def _frame_values() -> list[Any]:
+    """The locals, then the module's globals, of the script's frame making this optimizer step."""
     frame = outside((TORCH_DIR, GPUPROF_DIR))  # gpuprof's own hooks run inside the script's calls
-    if frame is None:
-        return None, None
-    values = [*frame.f_locals.values(), *frame.f_globals.values()]
+    return [] if frame is None else [*frame.f_locals.values(), *frame.f_globals.values()]
+
+
+def _loop_objects(optimizer, values: list[Any]) -> tuple[Any, Any]:
+    """(the enabled GradScaler, the LR scheduler of `optimizer`) among the script frame's `values`;
+    None for either not found: torch keeps no registry of either."""
     scaler = next((v for v in values if isinstance(v, torch.amp.GradScaler) and v.is_enabled()), None)
     scheduler = next((v for v in values if isinstance(v, torch.optim.lr_scheduler.LRScheduler)
                       and getattr(v, "optimizer", None) is optimizer), None)
     return scaler, scheduler
+
+
+def _other_optimizers(first, model: torch.nn.Module | None, values: list[Any]) -> list:
+    """The other optimizers among `values` (or in a list, tuple or dict among them) that update only
+    parameters of `model` that `first` does not."""
+    if model is None:
+        return []
+    found = []
+    for value in values:
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        if len(inner) > MAX_CONTAINER_ITEMS:  # a dataset held in a list, not a list of optimizers
+            continue
+        found += [item for item in inner if isinstance(item, torch.optim.Optimizer) and item is not first
+                  and item not in found]
+    model_params = {id(param) for param in model.parameters()}
+    taken = {id(param) for param in _params(first)}
+    return [optimizer for optimizer in found
+            if (ids := {id(param) for param in _params(optimizer)}) and ids <= model_params and not ids & taken]
+
+
+def _params(optimizer) -> list[torch.Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]

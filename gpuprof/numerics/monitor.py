@@ -122,7 +122,7 @@ class NumericsMonitor:
         inputs.tape = self._tape.take() if self._tape is not None else None
         watched = self._watched_values(state, inputs)
         self._keeping.end(inputs, watched, len(_FLAGS))
-        return {"_numerics_values": watched, "_numerics_lr": _first_lr(inputs.hyper),
+        return {"_numerics_values": watched, "_numerics_lrs": _lrs(inputs.hyper),
                 "_numerics_param_absmax": inputs.param_absmax}
 
     def on_step_record(self, prof, record: dict) -> None:
@@ -132,7 +132,7 @@ class NumericsMonitor:
             prof.event(EventKind.STATE_KEEPING_FALLBACK, self._keeping.fallback, severity="warning", step=step)
         values = record.get("_numerics_values") or [0.0] * len(_FLAGS)
         self._history.append({"step": step, "param_absmax": record.get("_numerics_param_absmax"),
-                              "lr": record.get("_numerics_lr")})
+                              "lrs": record.get("_numerics_lrs")})
         for event in self._observe(step, record):
             prof.event(event["kind"], event["message"], severity=event["severity"], step=event["step"],
                        **event["details"])
@@ -247,9 +247,9 @@ def _device_float(value: Any, zero: torch.Tensor, inf: torch.Tensor) -> torch.Te
     return zero
 
 
-def _first_lr(hyper: list[dict]) -> float | None:
-    lr = hyper[0].get("lr") if hyper else None
-    return float(lr) if isinstance(lr, (int, float)) else None
+def _lrs(hyper: list[dict]) -> list[float | None]:
+    """Each param group's lr as a number (None where it is not one)."""
+    return [float(lr) if isinstance(lr := group.get("lr"), (int, float)) else None for group in hyper]
 
 
 def _nonfinite(values: list[float]) -> list[str]:

@@ -144,7 +144,8 @@ def oversized_update(history: list[dict[str, Any]], bad_step: int, ratio: float 
                      lookback: int = 20) -> dict[str, Any] | None:
     """The step before `bad_step` whose update multiplied the largest |weight| by `ratio` or more.
 
-    `history` holds, per step, `param_absmax` at the start of the step and the `lr` it used.
+    `history` holds, per step, `param_absmax` at the start of the step and `lrs`, each param
+    group's lr it used (of several optimizers, theirs in order).
     """
     by_step = {row["step"]: row for row in history}
     for step in range(bad_step - 1, max(-1, bad_step - 1 - lookback), -1):
@@ -153,13 +154,31 @@ def oversized_update(history: list[dict[str, Any]], bad_step: int, ratio: float 
             continue
         growth = after["param_absmax"] / before["param_absmax"]
         if math.isfinite(growth) and growth >= ratio:  # a non-finite weight is blamed as state instead
-            lrs = [by_step[s]["lr"] for s in range(step - lookback, step) if s in by_step and by_step[s].get("lr")]
-            median_lr = statistics.median(lrs) if lrs else None
-            lr_text = f"lr {before.get('lr'):.3g}" if before.get("lr") is not None else "lr unknown"
-            if median_lr:
-                lr_text += f", {before['lr'] / median_lr:.3g}x the median lr before it"
+            group, lr, median_lr = _largest_lr_rise(by_step, step, lookback)
+            lr_text = "lr unknown" if lr is None else f"lr {lr:.3g}" + (
+                f" of param group {group}" if len(before.get("lrs") or []) > 1 else "")
+            if lr is not None and median_lr:
+                lr_text += f", {lr / median_lr:.3g}x the median lr before it"
             return {"kind": "oversized_update", "step": step, "param_absmax_before": before["param_absmax"],
-                    "param_absmax_after": after["param_absmax"], "lr": before.get("lr"), "median_lr": median_lr,
+                    "param_absmax_after": after["param_absmax"], "lr": lr, "median_lr": median_lr,
+                    "param_group": group,
                     "summary": f"step {step}'s update grew the largest |weight| from "
                                f"{before['param_absmax']:.3g} to {after['param_absmax']:.3g} ({lr_text})"}
     return None
+
+
+def _largest_lr_rise(by_step: dict[int, dict[str, Any]], step: int, lookback: int):
+    """(param group, its lr at `step`, its median lr over the steps before) for the group whose lr rose
+    most against that median; (None, None, None) without lrs."""
+    rises = []
+    for group, lr in enumerate(by_step[step].get("lrs") or []):
+        if lr is None:
+            continue
+        past = [row["lrs"][group] for s in range(step - lookback, step) if (row := by_step.get(s))
+                and len(row.get("lrs") or []) > group and row["lrs"][group]]
+        median_lr = statistics.median(past) if past else None
+        rises.append((lr / median_lr if median_lr else 0.0, group, lr, median_lr))
+    if not rises:
+        return None, None, None
+    _, group, lr, median_lr = max(rises, key=lambda rise: rise[0])
+    return group, lr, median_lr

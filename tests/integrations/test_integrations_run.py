@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tiny_gpt2 import BATCH, SEQ, assert_phases_cover_the_steps
 
 import gpuprof
@@ -30,6 +31,14 @@ def bare_run(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+def recorded_like_bare(run_dir, *script_args):
+    """The script run under `gpuprof run`, checked to print what it prints bare; its run."""
+    done = gpuprof_run("--run-dir", run_dir, *script_args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == bare_run(*script_args).stdout
+    return gpuprof.load_run(run_dir)
+
+
 def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
     script_args = [HERE / "tiny_gpt2.py", "--steps", "5", "--accumulation", "2"]
     done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
@@ -49,13 +58,20 @@ def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
     assert run.meta["config"]["args"] == ["--steps", "5", "--accumulation", "2"]
 
 
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is torch 2.9+")
+def test_a_loop_stepping_two_optimizers_is_recorded_with_both(tmp_path):
+    run = recorded_like_bare(tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "4", "--accumulation", "1", "--muon")
+    assert run.steps["step"].tolist() == [0, 1, 2]  # found in the first iteration, as with one optimizer
+    facts = run.meta["loop"]["optimizer"]
+    assert [member["class"] for member in facts["members"]] == ["Muon", "AdamW"]
+    assert facts["params_without_optimizer"] == 0
+    assert_phases_cover_the_steps(run.steps)
+
+
 @pytest.mark.slow
 def test_a_compiled_model_is_recorded_and_compiles_as_without_gpuprof(tmp_path):
-    script_args = [HERE / "tiny_gpt2.py", "--steps", "3", "--accumulation", "1", "--compile"]
-    done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == bare_run(*script_args).stdout
-    run = gpuprof.load_run(tmp_path / "run")
+    run = recorded_like_bare(tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "3", "--accumulation", "1",
+                             "--compile")
     assert run.meta["model"]["wrapper"] == "OptimizedModule" and run.meta["loop"]["model"]["compiled"]
     assert run.steps["step"].tolist() == [0, 1] and (run.steps["grad_norm"] > 0).all()
 

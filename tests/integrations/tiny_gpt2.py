@@ -54,6 +54,14 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
 
+def muon_and_adamw(model: torch.nn.Module) -> list[torch.optim.Optimizer]:
+    """The nanoGPT speedruns' pair: Muon for the blocks' weight matrices, AdamW for the rest."""
+    named = list(model.named_parameters())
+    matrix = [param.ndim == 2 and ".h." in name for name, param in named]
+    return [torch.optim.Muon([p for (_, p), m in zip(named, matrix) if m], lr=0.02),
+            torch.optim.AdamW([p for (_, p), m in zip(named, matrix) if not m], lr=1e-3)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4)
@@ -62,6 +70,7 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel over gloo, under torchrun")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--nan-embedding-at", type=int, default=None, help="a NaN into the token embedding then")
+    parser.add_argument("--muon", action="store_true", help="Muon for the blocks' matrices, AdamW for the rest")
     args = parser.parse_args()
     model = tiny_model()
     if args.ddp:
@@ -69,7 +78,7 @@ def main() -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if args.compile:
         model = torch.compile(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizers = muon_and_adamw(model) if args.muon else [torch.optim.AdamW(model.parameters(), lr=1e-3)]
     loader = iter(torch.utils.data.DataLoader(RandomTokens(args.steps * args.accumulation * BATCH), batch_size=BATCH))
     for step in range(args.steps):
         if step == args.fail_at:
@@ -82,8 +91,9 @@ def main() -> None:
             loss = next_token_loss(model(tokens).logits, tokens) / args.accumulation
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         print(f"step {step} loss {loss.item() * args.accumulation:.4f}")
     if args.ddp:
         torch.distributed.destroy_process_group()

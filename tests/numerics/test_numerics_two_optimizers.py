@@ -17,7 +17,7 @@ from test_numerics_any_loop import BATCH, DTYPES, SEQ, user_model
 import gpuprof
 from gpuprof.cli import main
 from gpuprof.diagnoses import diagnose
-from gpuprof.workloads.gpt2.faults import Injector, parse
+from gpuprof.workloads.gpt2.faults import SPIKED_LR, Injector, parse
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is torch 2.9+")
 
@@ -88,7 +88,10 @@ def test_an_lr_spike_in_either_optimizer_is_blamed_on_its_update(tmp_path, spike
     two_optimizer_loop(run_dir, steps=3, fault="lr-spike@1", spike_in=spike_in)
     [event] = events(run_dir, "nonfinite")
     assert (event["step"], event["phase"]) == (2, "forward")
-    assert event["cause"]["kind"] == "oversized_update" and event["cause"]["step"] == 1
+    cause = event["cause"]
+    assert cause["kind"] == "oversized_update" and cause["step"] == 1
+    assert (cause["param_group"], cause["lr"]) == ({"muon": 0, "adamw": 1}[spike_in], SPIKED_LR)
+    assert f"of param group {cause['param_group']}" in cause["summary"]
 
 
 def test_the_bundle_replays_both_optimizers(tmp_path, capsys):
