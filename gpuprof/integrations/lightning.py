@@ -12,9 +12,12 @@ torch optimizer's step, so Lightning's gradient clipping counts here). Gradient 
 at the end of each backward pass, before Lightning unscales or clips. The loss is the mean of the
 training-step losses of the step's batches, tokens the elements of each batch's `input_ids` (or of
 its first tensor). The optimizer, the GradScaler of `precision="16-mixed"`, the first LR scheduler
-and the train DataLoader are Lightning's own. NaN forensics re-runs a bad step's batches through
+and the train DataLoader are Lightning's own (all of its optimizers). NaN forensics re-runs a bad step's batches through
 `training_step` on a copy of the module (Lightning calls it, not the module's forward), so blames
-name modules as the LightningModule holds them (`model.transformer.h.1.mlp`).
+name modules as the LightningModule holds them (`model.transformer.h.1.mlp`). Under manual
+optimization (`automatic_optimization = False`, the only way Lightning steps several optimizers,
+e.g. Muon beside AdamW) every optimizer is recorded, and the re-run takes the loss the training
+step hands to its first `manual_backward`.
 """
 
 from __future__ import annotations
@@ -83,19 +86,18 @@ class GpuprofCallback(pl.Callback):
         self._sums: _StepSums | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        optimizer = trainer.optimizers[0] if trainer.optimizers else None
         schedulers = trainer.lr_scheduler_configs
         options = {
             "scaler": getattr(trainer.precision_plugin, "scaler", None),
             "lr_scheduler": schedulers[0].scheduler if schedulers else None,
             "loader": trainer.train_dataloader,
-            "loss_fn": functools.partial(training_step_loss, trainer.precision_plugin),
+            "loss_fn": functools.partial(training_step_loss, trainer.precision_plugin, len(trainer.optimizers)),
             **self.options,
             "config": {**_config(trainer, pl_module), **self.options.get("config", {})},
         }
         self.prof = Profiler(self.run_dir or os.path.join(trainer.default_root_dir, "gpuprof"),
-                             model=pl_module, optimizer=optimizer, **options)
-        self._sums = _StepSums(optimizer)
+                             model=pl_module, optimizer=list(trainer.optimizers), **options)
+        self._sums = _StepSums(self.prof.optimizer)
         self.prof.add_collector(self._sums)
         self.prof.start()
         self.prof.begin_phase("data")
@@ -151,12 +153,50 @@ class GpuprofCallback(pl.Callback):
             self.prof = None
 
 
-def training_step_loss(precision, module: pl.LightningModule, batch: Any) -> torch.Tensor:
+def training_step_loss(precision, n_optimizers: int, module: pl.LightningModule, batch: Any) -> torch.Tensor:
     """The loss of one batch as Lightning computes it: `training_step` under the precision plugin's
-    autocast, its tensor or its dict's "loss"."""
+    autocast, its tensor or its dict's "loss". Under manual optimization the step runs its own
+    backward and updates: on gpuprof's private copy of the module (which no Trainer holds), the loss is
+    the one the step hands to its first `manual_backward`, where it is stopped, and `optimizers()`
+    returns stand-ins; the forensic re-run then runs the backward and the updates itself."""
     with precision.forward_context():
-        output = module.training_step(batch, 0)
+        if module.automatic_optimization:
+            output = module.training_step(batch, 0)
+        else:
+            return _loss_at_manual_backward(module, batch, n_optimizers)
     return output["loss"] if isinstance(output, dict) else output
+
+
+class _LossReached(Exception):
+    def __init__(self, loss: torch.Tensor):
+        super().__init__("the training step reached manual_backward")
+        self.loss = loss
+
+
+class _OptimizerStandIn:
+    """What `optimizers()` returns on the copy: a step runs its closure (which reaches manual_backward)."""
+
+    def step(self, closure=None, **kwargs) -> None:
+        if closure is not None:
+            closure()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+def _loss_at_manual_backward(module: pl.LightningModule, batch: Any, n_optimizers: int) -> torch.Tensor:
+    def reached(loss, *args, **kwargs):
+        raise _LossReached(loss)
+
+    stand_ins = [_OptimizerStandIn() for _ in range(n_optimizers)]
+    module.manual_backward = reached
+    module.optimizers = lambda use_pl_optimizer=True: stand_ins[0] if len(stand_ins) == 1 else stand_ins
+    module.toggle_optimizer = module.untoggle_optimizer = lambda *args, **kwargs: None
+    try:
+        module.training_step(batch, 0)
+    except _LossReached as reached_at:
+        return reached_at.loss
+    raise RuntimeError("the manual-optimization training_step never called manual_backward")
 
 
 def _config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:

@@ -5,12 +5,13 @@ loop and `gpuprof run` on an unmodified script. Each gets the blame the same fau
 from __future__ import annotations
 
 import lightning as L
+import pytest
 import torch
 from accelerate import Accelerator
 from lightning_gpt2 import TinyGpt2Module, quiet_trainer
 from numerics.numerics_helpers import events
 from test_integrations_run import HERE, gpuprof_run
-from tiny_gpt2 import BATCH, RandomTokens, tiny_model
+from tiny_gpt2 import BATCH, RandomTokens, muon_and_adamw, tiny_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import gpuprof
@@ -103,3 +104,50 @@ def test_the_skip_policy_undoes_lightnings_bad_updates(tmp_path):
     module = faulty_lightning_fit(tmp_path, steps=FAULT_STEP + 2, accumulation=1, on_nonfinite="skip")
     assert all(torch.isfinite(param).all() for param in module.parameters())  # every bad update undone
     assert blame(tmp_path / "run")[:2] == (FAULT_STEP, "backward")
+
+
+class ManualMuonAdamW(TinyGpt2Module):
+    """Manual optimization, the only way Lightning steps two optimizers: Muon beside AdamW, the
+    closure form for the first (as Lightning's docs show it) and a plain step for the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        muon, adamw = self.optimizers()
+
+        def closure():
+            loss = self.model(**batch).loss
+            muon.zero_grad()
+            adamw.zero_grad()
+            self.manual_backward(loss)
+            self.step_losses.append(loss.item())
+            return loss
+
+        muon.step(closure=closure)
+        adamw.step()
+
+    def configure_optimizers(self):
+        return muon_and_adamw(self.model)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is torch 2.9+")
+def test_a_lightning_fit_with_manual_optimization_and_two_optimizers_gets_the_blame(tmp_path):
+    injector = Injector([parse(f"sqrt-zero@{FAULT_STEP}")])
+    module = ManualMuonAdamW()
+    injector.prepare_model(module.model)
+
+    class Fault(L.Callback):  # by batch: each of the two optimizers' steps counts in global_step
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            injector.before_step(batch_idx, pl_module.model)
+
+    loader = torch.utils.data.DataLoader(RandomTokens(), batch_size=BATCH)
+    callback = LightningCallback(tmp_path / "run", sample_interval_s=0)
+    quiet_trainer(max_steps=2 * (FAULT_STEP + 1), default_root_dir=tmp_path,
+                  callbacks=[Fault(), callback]).fit(module, loader)
+    step, phase, module_name, op, first = SQRT_ZERO
+    assert blame(tmp_path / "run") == (step, phase, f"model.{module_name}", op, first)
+    run = gpuprof.load_run(tmp_path / "run")
+    assert [member["class"] for member in run.meta["loop"]["optimizer"]["members"]] == ["Muon", "AdamW"]
+    assert run.steps["step"].tolist() == list(range(FAULT_STEP + 1))
