@@ -100,7 +100,9 @@ class CollectorSet:
             return None
 
     def guard(self, collector: Any, hook: str, function):
-        """`function` made safe to run inside the user's code (autograd, optimizer, scaler hooks)."""
+        """`function` made safe to run inside the user's code (autograd, model, optimizer, scaler hooks),
+        and run eagerly under torch.compile: traced into a compiled model or optimizer step, gpuprof's
+        code would recompile it whenever gpuprof's own state changed (and warn)."""
 
         def guarded(*args, **kwargs):
             if collector not in self._collectors:
@@ -111,7 +113,7 @@ class CollectorSet:
                 self.disable(collector, hook, error)
                 return None
 
-        return guarded
+        return torch._dynamo.disable(guarded)
 
     def disable(self, collector: Any, hook: str, error: BaseException) -> None:
         if collector in self._collectors:

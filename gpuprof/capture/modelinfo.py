@@ -38,8 +38,7 @@ class ModelInfo:
     def on_start(self, prof) -> None:
         self._prof, self._device = prof, prof.device
         if self.model is not None:
-            # run eagerly under torch.compile: the hook is removed after one call and writes a file
-            hook = torch._dynamo.disable(prof.collectors.guard(self, "forward_pre_hook", self._first_forward))
+            hook = prof.collectors.guard(self, "forward_pre_hook", self._first_forward)  # removed after one call
             self._hook = self.model.register_forward_pre_hook(hook, with_kwargs=True)
         self._update()
 

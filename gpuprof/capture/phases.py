@@ -68,13 +68,13 @@ class PhaseHooks:
         if not isinstance(self._model, torch.nn.Module):
             return None if self._model is None else (phases, f"the model is a {type(self._model).__name__}, "
                                                                "not a torch.nn.Module")
-        guard, eager = prof.collectors.guard, torch._dynamo.disable  # hooks run eagerly under torch.compile
+        guard = prof.collectors.guard
         self._backward_prehook = guard(self, "grad_fn_prehook", self._backward_begins)
         try:
             self._handles.append(self._model.register_forward_pre_hook(
-                eager(guard(self, "forward_pre_hook", self._forward_begins))))
+                guard(self, "forward_pre_hook", self._forward_begins)))
             self._handles.append(self._model.register_forward_hook(
-                eager(guard(self, "forward_hook", self._forward_ends)), always_call=True))
+                guard(self, "forward_hook", self._forward_ends), always_call=True))
         except Exception as error:  # noqa: BLE001 - e.g. a scripted module
             return phases, f"cannot hook the model: {error!r}"
         return None
@@ -84,12 +84,12 @@ class PhaseHooks:
             return None
         if not has_step_hooks(self._optimizer):
             return ("optimizer",), f"the optimizer ({type(self._optimizer).__name__}) has no step hooks"
-        guard, eager = prof.collectors.guard, torch._dynamo.disable
+        guard = prof.collectors.guard
         try:
             self._handles.append(self._optimizer.register_step_pre_hook(
-                eager(guard(self, "optimizer_pre_hook", self._optimizer_begins))))
+                guard(self, "optimizer_pre_hook", self._optimizer_begins)))
             self._handles.append(self._optimizer.register_step_post_hook(
-                eager(guard(self, "optimizer_post_hook", self._optimizer_ends))))
+                guard(self, "optimizer_post_hook", self._optimizer_ends)))
         except Exception as error:  # noqa: BLE001
             return ("optimizer",), f"cannot hook the optimizer: {error!r}"
         return None

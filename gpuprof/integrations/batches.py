@@ -40,11 +40,11 @@ class ForwardInputs:
         self._losses_are_partial = False
 
     def on_start(self, prof) -> None:
-        guard, eager = prof.collectors.guard, torch._dynamo.disable  # hooks run eagerly under torch.compile
+        guard = prof.collectors.guard  # its hooks run eagerly under torch.compile
         self._handles = [
-            self._model.register_forward_pre_hook(eager(guard(self, "forward_pre_hook", self._before_forward)),
+            self._model.register_forward_pre_hook(guard(self, "forward_pre_hook", self._before_forward),
                                                   with_kwargs=True),
-            self._model.register_forward_hook(eager(guard(self, "forward_hook", self._after_forward))),
+            self._model.register_forward_hook(guard(self, "forward_hook", self._after_forward)),
         ]
 
     def on_close(self, prof) -> None:

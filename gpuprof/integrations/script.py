@@ -234,7 +234,8 @@ class ScriptRecorder:
 
     @staticmethod
     def _guarded(function: Callable) -> Callable:
-        """gpuprof's hooks run inside the script's calls: a failure is logged once and the hook goes quiet."""
+        """gpuprof's hooks run inside the script's calls: a failure is logged once and the hook goes quiet;
+        under torch.compile they run eagerly."""
         failed = False
 
         def guarded(*args, **kwargs):
@@ -249,7 +250,7 @@ class ScriptRecorder:
                                exc_info=True)
                 return None
 
-        return guarded
+        return torch._dynamo.disable(guarded)  # never traced into a compiled model or optimizer step
 
 
 def _holder_of(optimizer, modules) -> torch.nn.Module | None:

@@ -211,7 +211,7 @@ class Tape:
             self.model.register_forward_hook(eager(self._on_forward_end)),
         ]
         if hasattr(prof.optimizer, "register_step_pre_hook"):
-            self._handles.append(prof.optimizer.register_step_pre_hook(self._leave_window))
+            self._handles.append(prof.optimizer.register_step_pre_hook(eager(self._leave_window)))
 
     def on_close(self, prof) -> None:
         self._leave_window()

@@ -203,6 +203,32 @@ def test_the_plain_model_handed_over_is_seen_run_compiled(tmp_path, runs):
     assert gpuprof.load_run(tmp_path / "run").meta["loop"]["model"]["compiled"] is (runs != "eager")
 
 
+def test_a_compiled_optimizer_step_is_not_recompiled_by_capture(tmp_path):
+    """PyTorch's "compiling the optimizer" recipe: gpuprof's optimizer hooks run inside the compiled
+    step, eagerly. Traced, they would recompile it as gpuprof's state changes (update-ratio steps, a
+    bad step's kept state), which `error_on_recompile` turns into an error in the loop."""
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3))  # a tensor lr: no recompile on change
+
+    @torch.compile(backend="eager")
+    def optimizer_step():
+        optimizer.step()
+
+    with torch._dynamo.config.patch(error_on_recompile=True), \
+            gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(4):
+            optimizer.param_groups[0]["lr"].fill_(1e30 if step == 1 else 1e-3)  # step 2 then overflows
+            inputs = batch(step)
+            logits = model(input_ids=inputs).logits
+            F.cross_entropy(logits[:, :-1].flatten(0, 1), inputs[:, 1:].flatten()).backward()
+            optimizer_step()
+            optimizer.zero_grad()
+            prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    assert (run.steps["optimizer_time_s"] > 0).all()
+    assert run.events[run.events["kind"] == "nonfinite"]["step"].tolist() == [2]
+
+
 class HooklessSGD:
     """An optimizer-like object the loop steps, without torch.optim's step hooks."""
 
