@@ -6,6 +6,11 @@ pass over every gradient per step (1-2% of a step on a CPU). `clip_grad_norm_` l
 `_get_total_norm` up in its module at every call, so wrapping that module attribute sees the call
 also where the loop imported `clip_grad_norm_` by name before gpuprof started. The wrapper returns
 what the original returns and is removed when the last watcher leaves.
+
+A `clip_grad_norm_` inside torch.compile'd code (a whole training step compiled) runs as part of a
+graph, where no listener can run: it only sets a flag, which dynamo replays on every run of that
+code, and `compiled_clip_ran()` reads. gpuprof then takes its own norm at the end of each backward
+pass, before the clip (gpuprof.capture.gradients).
 """
 
 from __future__ import annotations
@@ -24,9 +29,24 @@ _listeners: list[Listener] = []
 _original = None
 
 
+class _CompiledClip:
+    ran = False
+
+
+_compiled_clip = _CompiledClip()
+
+
+def compiled_clip_ran() -> bool:
+    """Whether a clip ran inside compiled code since the last call (one reader per process)."""
+    ran, _compiled_clip.ran = _compiled_clip.ran, False
+    return ran
+
+
 def _total_norm_seen(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     total = _original(tensors, norm_type, error_if_nonfinite, foreach)
-    if not torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        _compiled_clip.ran = True  # traced: an attribute store, which the compiled code repeats every run
+    else:
         for listener in tuple(_listeners):
             listener(tensors, norm_type, total)
     return total

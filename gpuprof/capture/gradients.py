@@ -7,7 +7,9 @@ them, the global gradient norm is taken as `clip_grad_norm_` computes it:
   gpuprof computes the norm there, before that call clips;
 - else at `optimizer.step()`'s pre-hook (under a GradScaler, after `scaler.step()` unscaled);
 - else at the end of a backward pass that runs inside `optimizer.step(closure)` (Lightning), or
-  of every backward pass when no optimizer was given; else at `prof.step()`.
+  of every backward pass when no optimizer was given, or when the loop clips inside torch.compile'd
+  code, where gpuprof cannot see the clip (the first such step, whose norm was taken after the clip,
+  records none); else at `prof.step()`.
 gpuprof's own pass is one fused `torch._foreach_norm`, divided by the GradScaler's scale while the
 gradients are still scaled. Per-parameter norms are computed at that moment only on the steps that
 write per-layer rows. Under gradient accumulation the norm is that of the accumulated gradient.
@@ -104,6 +106,7 @@ class GradientCollector:
         self._step = 0
         self._joined = False  # sharded: whether this step's all-reduce was made
         self._failed: str | None = None  # sharded: why this rank stopped computing norms
+        self._clips_compiled = False  # the loop clips inside torch.compile'd code, unseen (see clipping)
 
     # -- hooks
     def on_start(self, prof) -> None:
@@ -134,7 +137,7 @@ class GradientCollector:
     def on_after_backward(self, prof, step: int) -> None:
         self._passes += 1
         self._total = self._param_norms = None  # new gradients
-        if self._in_update or self._optimizer is None:
+        if self._in_update or self._optimizer is None or self._clips_compiled:
             self._ranks_safe(self._take_norm)(True)
 
     def join_step_collectives(self, prof) -> None:
@@ -187,7 +190,11 @@ class GradientCollector:
 
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}
-        self._ranks_safe(self._take_norm)(False)  # no clip or optimizer hook saw this step's gradients
+        if clipping.compiled_clip_ran() and not self._clips_compiled:
+            self._clips_compiled = True  # from the next step on, the norm is taken before that clip
+            self._total = self._param_norms = None  # this step's was taken after it: not the norm before clipping
+        else:
+            self._ranks_safe(self._take_norm)(False)  # no clip or optimizer hook saw this step's gradients
         self._ranks_safe(self._measure_update)()
         if self._reduction is not None:  # how many ranks' parts were unknown: read with the record, no sync
             fields["_grad_nonfinite_origin"], fields["_grad_unknown_ranks"] = self._reduce_over_ranks(prof.device)

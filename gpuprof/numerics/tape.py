@@ -154,6 +154,10 @@ class _LossWindow(TorchFunctionMode):
         return out
 
 
+# Called by torch inside a function torch.compile runs, the handler's own frame is not compiled (each call's
+# arguments would recompile it, up to dynamo's limit); traced as part of such a function, it still inlines.
+torch._dynamo.eval_frame.skip_code(_LossWindow.__torch_function__.__code__)
+
 _LEAVE_KEY = "_gpuprof_leave_window"
 
 

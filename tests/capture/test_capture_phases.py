@@ -6,6 +6,7 @@ by the sum identity; the merge arithmetic is checked on synthetic stamps.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from capture_loop import BATCH, SEQ, VOCAB, batch, tiny_model
+from numerics.numerics_helpers import events
 
 import gpuprof
 from gpuprof.capture.profiler import _timing
@@ -203,7 +205,13 @@ def test_the_plain_model_handed_over_is_seen_run_compiled(tmp_path, runs):
     assert gpuprof.load_run(tmp_path / "run").meta["loop"]["model"]["compiled"] is (runs != "eager")
 
 
-def test_a_compiled_optimizer_step_is_not_recompiled_by_capture(tmp_path):
+@pytest.fixture
+def fresh_dynamo():
+    """Code compiled by other tests (the same transformers model, other arguments) is not this test's recompile."""
+    torch._dynamo.reset()
+
+
+def test_a_compiled_optimizer_step_is_not_recompiled_by_capture(tmp_path, fresh_dynamo):
     """PyTorch's "compiling the optimizer" recipe: gpuprof's optimizer hooks run inside the compiled
     step, eagerly. Traced, they would recompile it as gpuprof's state changes (update-ratio steps, a
     bad step's kept state), which `error_on_recompile` turns into an error in the loop."""
@@ -227,6 +235,37 @@ def test_a_compiled_optimizer_step_is_not_recompiled_by_capture(tmp_path):
     run = gpuprof.load_run(tmp_path / "run")
     assert (run.steps["optimizer_time_s"] > 0).all()
     assert run.events[run.events["kind"] == "nonfinite"]["step"].tolist() == [2]
+
+
+def test_a_compiled_training_step_keeps_its_norms_and_blames(tmp_path, fresh_dynamo):
+    """Forward, loss, backward, clip and update in one compiled function: the clip runs inside a graph,
+    so gpuprof takes the norm before it from the second step on (the first records none rather than
+    the clipped norm), its loss window is not recompiled by the compiled code's calls, and a bad
+    update is still blamed on the next step's forward."""
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3))
+
+    @torch.compile(backend="eager")
+    def train_step(inputs):
+        logits = model(input_ids=inputs).logits
+        F.cross_entropy(logits[:, :-1].flatten(0, 1), inputs[:, 1:].flatten()).backward()
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad()
+        return total
+
+    with torch._dynamo.config.patch(error_on_recompile=True), \
+            gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        totals = []
+        for step in range(4):
+            optimizer.param_groups[0]["lr"].fill_(1e30 if step == 2 else 1e-3)
+            totals.append(float(train_step(batch(step))))
+            prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    norms = run.steps["grad_norm"].tolist()
+    assert math.isnan(norms[0]) and norms[1:3] == pytest.approx(totals[1:3], rel=1e-5)
+    [event] = events(tmp_path / "run", "nonfinite")
+    assert (event["step"], event["phase"]) == (3, "forward") and event["cause"]["step"] == 2
 
 
 class HooklessSGD:
