@@ -248,8 +248,17 @@ def _device_float(value: Any, zero: torch.Tensor, inf: torch.Tensor) -> torch.Te
 
 
 def _lrs(hyper: list[dict]) -> list[float | None]:
-    """Each param group's lr as a number (None where it is not one)."""
-    return [float(lr) if isinstance(lr := group.get("lr"), (int, float)) else None for group in hyper]
+    """Each param group's lr as a number: a Python number, or a one-element tensor on the CPU (a compiled
+    optimizer's); None for one on a device, whose read would wait for it."""
+    return [_host_number(group.get("lr")) for group in hyper]
+
+
+def _host_number(value: Any) -> float | None:
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() == 1:
+        return value.item()
+    return None
 
 
 def _nonfinite(values: list[float]) -> list[str]:
