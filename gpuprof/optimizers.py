@@ -43,9 +43,14 @@ def members(optimizer: Any) -> tuple:
     return optimizer.members if isinstance(optimizer, OptimizerChain) else (optimizer,)
 
 
+def params_of(optimizer: Any) -> list[torch.Tensor]:
+    """The parameters every optimizer behind `optimizer` updates, in order."""
+    return [param for member in members(optimizer) for group in member.param_groups for param in group["params"]]
+
+
 def params_without_optimizer(model: torch.nn.Module, optimizer: Any) -> list[str]:
     """The names of the model's trainable parameters that none of the optimizers given updates."""
-    held = {id(param) for member in members(optimizer) for group in member.param_groups for param in group["params"]}
+    held = {id(param) for param in params_of(optimizer)}
     return [name for name, param in model.named_parameters() if param.requires_grad and id(param) not in held]
 
 
@@ -96,7 +101,7 @@ class _ChainState(MutableMapping):
             if param in optimizer.state:
                 return optimizer.state
         for optimizer in self._optimizers:
-            if any(param is held for group in optimizer.param_groups for held in group["params"]):
+            if any(param is held for held in params_of(optimizer)):
                 return optimizer.state
         raise KeyError(param)
 

@@ -59,6 +59,7 @@ def watch(listener: Listener) -> Callable[[], None]:
         if _original is None:
             _original = clip_grad._get_total_norm
             clip_grad._get_total_norm = _total_norm_seen
+            _compiled_clip.ran = False  # a compiled clip that ran while nobody watched
         _listeners.append(listener)
     return lambda: _unwatch(listener)
 

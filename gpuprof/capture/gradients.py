@@ -42,10 +42,10 @@ from torch.amp.grad_scaler import OptState
 from gpuprof.capture import clipping
 from gpuprof.capture.distributed import ShardReduction
 from gpuprof.capture.lazy import all_finite, read_if_host
-from gpuprof.optimizers import members
 from gpuprof.capture.trace import own_work
 from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor
+from gpuprof.optimizers import members, params_of
 from gpuprof.run.schema import EventKind
 
 _MAX_ORIGINS = 16  # bad steps whose origin is kept for the numerics report (the first ones)
@@ -324,8 +324,7 @@ class GradientCollector:
 
 def _member_of(params: list[torch.Tensor], optimizer) -> list[int]:
     """For each parameter, which of the given optimizers updates it (0 when none does)."""
-    owner = {id(param): index for index, member in enumerate(members(optimizer))
-             for group in member.param_groups for param in group["params"]}
+    owner = {id(param): index for index, member in enumerate(members(optimizer)) for param in params_of(member)}
     return [owner.get(id(param), 0) for param in params]
 
 

@@ -45,6 +45,7 @@ from gpuprof.capture.profiler import Profiler
 from gpuprof.errors import GpuprofError
 from gpuprof.integrations.batches import ForwardInputs
 from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
+from gpuprof.optimizers import params_of
 
 logger = logging.getLogger("gpuprof")
 
@@ -255,7 +256,7 @@ class ScriptRecorder:
 
 def _holder_of(optimizer, modules) -> torch.nn.Module | None:
     """The module holding the most of the optimizer's parameters; the first called wins a tie."""
-    params = {id(param) for param in _params(optimizer)}
+    params = {id(param) for param in params_of(optimizer)}
     best, best_count = None, 0
     for module in modules:
         count = sum(1 for param in module.parameters() if id(param) in params)
@@ -345,10 +346,6 @@ def _other_optimizers(first, model: torch.nn.Module | None, values: list[Any]) -
         found += [item for item in inner if isinstance(item, torch.optim.Optimizer) and item is not first
                   and item not in found]
     model_params = {id(param) for param in model.parameters()}
-    taken = {id(param) for param in _params(first)}
+    taken = {id(param) for param in params_of(first)}
     return [optimizer for optimizer in found
-            if (ids := {id(param) for param in _params(optimizer)}) and ids <= model_params and not ids & taken]
-
-
-def _params(optimizer) -> list[torch.Tensor]:
-    return [param for group in optimizer.param_groups for param in group["params"]]
+            if (ids := {id(param) for param in params_of(optimizer)}) and ids <= model_params and not ids & taken]

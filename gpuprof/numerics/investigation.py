@@ -10,7 +10,7 @@ import logging
 from typing import Any, Callable
 
 from gpuprof.modules import is_sharded
-from gpuprof.optimizers import members, params_without_optimizer
+from gpuprof.optimizers import members, params_of, params_without_optimizer
 from gpuprof.numerics import bundle
 from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
@@ -126,7 +126,7 @@ class Investigator:
 def _optimizer_entry(optimizer, names: dict[int, str]) -> dict[str, Any] | list[dict[str, Any]] | None:
     """Each optimizer's class, state_dict and parameter names; a list when the loop steps several."""
     entries = [{"class": type(member).__name__, "state_dict": member.state_dict(),
-                "params": [names[id(p)] for g in member.param_groups for p in g["params"]]}
+                "params": [names[id(p)] for p in params_of(member)]}
                for member in members(optimizer)]
     return entries if len(entries) > 1 else entries[0] if entries else None
 

@@ -14,6 +14,7 @@ import torch
 from gpuprof.modules import eager_model, local_tensor
 from gpuprof.numerics.keeping import StepKeeping, absmax_of
 from gpuprof.numerics.state import live_tensors
+from gpuprof.optimizers import params_of
 
 
 class SkipBadUpdates:
@@ -30,7 +31,7 @@ class SkipBadUpdates:
         bad = ~torch.isfinite(absmax_of(grads, self._device))
         kept = keeper.current_views()
         model = eager_model(self._keeping.model)
-        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        owned = {id(p) for p in params_of(optimizer)}
         others = {name for name, p in model.named_parameters() if id(p) not in owned}  # another optimizer's
         live = {n: t for n, t in live_tensors(model, optimizer).items() if t.device == keeper.device and n not in others}
         with torch.no_grad():
@@ -40,4 +41,4 @@ class SkipBadUpdates:
 
 
 def optimizer_grads(optimizer) -> list[torch.Tensor]:
-    return [local_tensor(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return [local_tensor(p.grad) for p in params_of(optimizer) if p.grad is not None]
