@@ -10,13 +10,13 @@ from gpuprof.capture.loopfacts import LoopFacts
 from gpuprof.capture.memory import MemoryCollector
 from gpuprof.capture.oom import OomCollector
 from gpuprof.capture.optimizer import OptimizerCollector
-from gpuprof.optimizers import has_step_hooks
 from gpuprof.capture.scaler import ScalerCollector
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector
 from gpuprof.modules import is_sharded
 from gpuprof.numerics.monitor import NumericsMonitor
 from gpuprof.numerics.tape import Tape
+from gpuprof.optimizers import has_step_hooks
 
 
 def builtin_collectors(prof) -> list:

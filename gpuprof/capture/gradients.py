@@ -304,7 +304,7 @@ class GradientCollector:
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_update = True
         self._take_norm(True)
-        if self._ratio_step and self._weights_before is None and self._update_norms is None:  # the step's first update
+        if self._ratio_step and self._weights_before is None:  # the step's first update
             with torch.no_grad():
                 self._weights_before = torch._foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
 

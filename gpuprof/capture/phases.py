@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from gpuprof.optimizers import has_step_hooks
 from gpuprof.capture.timing import PhaseTimes
+from gpuprof.optimizers import has_step_hooks
 from gpuprof.run.schema import EventKind
 
 

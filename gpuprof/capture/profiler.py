@@ -31,13 +31,13 @@ from gpuprof.capture.collector import CollectorSet, StepState
 from gpuprof.capture.lazy import PendingRecord, all_finite, read_if_host
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
-from gpuprof.optimizers import one_optimizer
 from gpuprof.capture.phases import PhaseHooks
 from gpuprof.capture.system import AUTO_INTERVAL
 from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
 from gpuprof.errors import GpuprofError
 from gpuprof.numerics.options import NumericsOptions, check_policy
+from gpuprof.optimizers import one_optimizer
 from gpuprof.run import schema
 from gpuprof.run.writer import RunWriter
 

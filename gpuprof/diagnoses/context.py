@@ -146,11 +146,6 @@ class RunContext:
         facts = (self.run.meta.get("loop") or {}).get(part)
         return facts if isinstance(facts, dict) else {}
 
-    @property
-    def autocast_dtype(self) -> str | None:
-        """The autocast dtype capture saw in the forward (meta["loop"]), None without autocast."""
-        return (self.run.meta.get("loop") or {}).get("autocast_dtype")
-
     def config_value(self, *keys: str):
         """The first of `keys` present in the run's config (workloads name their knobs differently).
         Evidence only: a user's loop has no such config, so no rule may fire on it alone."""

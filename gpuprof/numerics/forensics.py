@@ -14,7 +14,6 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten
 
-from gpuprof.optimizers import members
 from gpuprof.modules import eager_model
 from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.state import (
@@ -22,6 +21,7 @@ from gpuprof.numerics.state import (
 )
 from gpuprof.numerics.tape import FORWARD_ARGS, FORWARD_KWARGS, MicroBatch, autocast_as, replay_loss
 from gpuprof.numerics.watch import ModuleTracker, NodeOwners, OpWatch
+from gpuprof.optimizers import members
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 

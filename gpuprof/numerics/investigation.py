@@ -10,7 +10,6 @@ import logging
 from typing import Any, Callable
 
 from gpuprof.modules import is_sharded
-from gpuprof.optimizers import members, params_of, params_without_optimizer
 from gpuprof.numerics import bundle
 from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
@@ -18,6 +17,7 @@ from gpuprof.numerics.keeping import StepKeeping
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import VERIFY_EVERY, TapeError, encode_micro_batch
 from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, oversized_update
+from gpuprof.optimizers import members, params_of, params_without_optimizer
 
 logger = logging.getLogger("gpuprof")
 

@@ -16,10 +16,6 @@ TENSOR_CORE_FP32_PRECISIONS = {"high", "medium"}
 TENSOR_CORE_MATMUL_MIN_PCT = 50.0
 
 
-def compute_dtype(ctx) -> str | None:
-    return recorded_dtype(ctx.meta)
-
-
 def recorded_dtype(meta: dict) -> str | None:
     """The dtype the loop computes in: the autocast dtype capture saw in the forward, else the compute
     dtype it recorded."""
@@ -47,7 +43,7 @@ def trace_tensor_core_pct(ctx) -> float | None:
 def fp32_matmul(ctx):
     if not ctx.has_tensor_cores:
         return None
-    dtype, tensor_core_pct = compute_dtype(ctx), trace_tensor_core_pct(ctx)
+    dtype, tensor_core_pct = recorded_dtype(ctx.meta), trace_tensor_core_pct(ctx)
     tf32 = tf32_enabled(ctx)
     fp32_settings = dtype in FP32_NAMES and tf32 is False
     idle_tensor_cores = tensor_core_pct is not None and tensor_core_pct < TENSOR_CORE_MATMUL_MIN_PCT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
-from gpuprof.diagnoses.rules.precision import compute_dtype
+from gpuprof.diagnoses.rules.precision import recorded_dtype
 from gpuprof.run import query as q
 
 GPU_UTIL_WARNING_PCT = 70.0
@@ -64,7 +64,7 @@ def low_mfu(ctx):
         severity="warning",
         title=f"The GPU is busy {busy:.0f}% of the time but reaches only {100 * mfu:.1f}% MFU",
         evidence={"mfu_pct": 100 * mfu, "gpu_busy_pct": busy, **details, "compiled": compiled,
-                  "compute_dtype": compute_dtype(ctx),
+                  "compute_dtype": recorded_dtype(ctx.meta),
                   "peak_flops_per_s": ctx.meta.get("peak_flops_per_s"), "threshold_pct": LOW_MFU_PCT,
                   "reachable_mfu_pct": REACHABLE_MFU_PCT},
         fix=(
