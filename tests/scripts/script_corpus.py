@@ -1,0 +1,240 @@
+"""Real public training scripts, written elsewhere, run unmodified under `gpuprof run`.
+
+The scripts are not copied into this repository: each is read at test time, byte for byte, from a
+git copy of its public repository at a pinned commit (its SHA-256 checked), with its licence
+file beside it, into the test's own folder. Where no copy is found the tests using it skip.
+Copies are looked up under $GPUPROF_SCRIPT_CORPUS (default /work/.mirror) as
+`<owner>+<name>/repo` (a bare mirror) or `<owner>+<name>` (a clone). See README.md beside this file.
+
+Harness API (for any test folder: `from script_corpus import ...`):
+
+    run_nanogpt(tmp_path, patches=(), **config)          -> ScriptRun
+        karpathy/nanoGPT train.py on random tokens (data/corpus/{train,val}.bin, meta.pkl with
+        NANOGPT_VOCAB), a tiny model on the CPU; `config` overrides NANOGPT_CONFIG and is passed
+        as nanoGPT's own `--key=value` arguments (max_iters=10 runs iterations 0..10: 11 steps).
+    run_accelerate_clm(tmp_path, patches=(), lines=CLM_LINES, args=())   -> ScriptRun
+        accelerate's examples/by_feature/gradient_accumulation_for_autoregressive_models.py
+        (accelerator.backward, gradient accumulation, eval after each of its 3 epochs) on a local
+        text file, a BPE tokenizer trained here with `tokenizers` and a tiny GPT-2 built from a
+        config, fully offline; `args` go to the script (`--gradient_accumulation_steps 2`).
+    run_lightning_transformer(tmp_path, patches=(), max_steps=10) -> ScriptRun
+        Lightning's examples/pytorch/basics/transformer.py (a LightningModule, Trainer.fit, a
+        validation loop) on a local word file, the Trainer limited to `max_steps` steps.
+    run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=...) -> ScriptRun
+        any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory).
+
+`patches` apply faults and slowdowns at run time, inside the script's process, before the script
+starts: each is `"module:function"` or `("module:function", {kwargs})`, the module importable from
+tests/scripts (corpus_patches.py holds the offline set-ups and the faults) or from any folder on
+the test's PYTHONPATH. The function is called once, before `gpuprof run` starts the script; to
+patch a module the script imports later use `corpus_patches.after_import(name, fn)`.
+A ScriptRun has `.run` (gpuprof.load_run of its run directory, or None if none was written),
+`.returncode`, `.stdout`, `.stderr`, `.run_dir` and `.workdir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpuprof
+
+HERE = Path(__file__).parent
+RUNNER = HERE / "corpus_runner.py"
+DEFAULT_CORPUS = "/work/.mirror"
+TIMEOUT_S = 600  # a loaded 2-core machine; the runs themselves take seconds
+
+
+@dataclass(frozen=True)
+class Source:
+    repo: str  # owner/name on GitHub
+    commit: str
+    files: dict[str, str]  # path in the repository -> SHA-256 of its content at `commit`
+    licence: str  # the licence's name; its file is LICENSE at `commit`
+    entry: str  # the script `gpuprof run` runs, one of `files`
+
+
+SOURCES = {
+    "nanogpt": Source(
+        repo="karpathy/nanoGPT", commit="3adf61e154c3fe3fca428ad6bc3818b27a3b8291", licence="MIT",
+        files={"train.py": "413bd97b40bb400a2a0d01230e2946f056c263ebac1b7281c2367d964a123085",
+               "model.py": "7c01703240dbec5d554527dc666e35b3df8391d0b117fddc07afcf325a21d11c",
+               "configurator.py": "5cc23aca26b4ab3c0d9e5f82740f4781f9444f42718c15abcee70d93c5aabe8f"},
+        entry="train.py"),
+    "accelerate_clm": Source(
+        repo="huggingface/accelerate", commit="16cb6eb80dd9aa8b4df1a63ef57863e455d53b83", licence="Apache-2.0",
+        files={"examples/by_feature/gradient_accumulation_for_autoregressive_models.py":
+               "61a8680c477a1f015ffb69c4d4169b50208449aea159eb97bddf1ea97ed08133"},
+        entry="examples/by_feature/gradient_accumulation_for_autoregressive_models.py"),
+    "lightning_transformer": Source(
+        repo="Lightning-AI/pytorch-lightning", commit="7f0c3436cd3f6ad3753125672024fc415cbcb414",
+        licence="Apache-2.0",
+        files={"examples/pytorch/basics/transformer.py":
+               "417e7ceb2e0611d7656ea6ea72927c18a04dcf4fda824e3baca2645a9e464367"},
+        entry="examples/pytorch/basics/transformer.py"),
+}
+
+NANOGPT_VOCAB = 64
+NANOGPT_CONFIG = dict(  # nanoGPT's own names; a tiny model, fp32 on the CPU, nothing saved or logged
+    dataset="corpus", device="cpu", dtype="float32", compile=False, batch_size=4, block_size=32,
+    n_layer=2, n_head=2, n_embd=32, gradient_accumulation_steps=1, max_iters=10, eval_interval=1000,
+    eval_iters=2, log_interval=1, warmup_iters=2, lr_decay_iters=10, always_save_checkpoint=False,
+    learning_rate=1e-3, min_lr=1e-4, dropout=0.0)
+CLM_LINES = 24  # 3 epochs of 24 lines at 2 a batch: 36 optimizer steps without accumulation
+CLM_SELECTED_LINES = 500  # the example takes the first 500 lines of the training text
+CLM_MODEL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
+LIGHTNING_WORDS = 150_000  # the example splits off 2 x 2000 blocks of 35 words for validation and test
+
+
+@dataclass
+class ScriptRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+    workdir: Path
+    run: Any = field(default=None)  # gpuprof.Run
+
+
+def corpus_root() -> Path:
+    return Path(os.environ.get("GPUPROF_SCRIPT_CORPUS", DEFAULT_CORPUS))
+
+
+def materialize(name: str, workdir: Path) -> Path:
+    """The source's files, unmodified, and its LICENSE under `workdir`; the entry script's path.
+    Skips the test when no copy of the repository (at the pinned commit) is found."""
+    source = SOURCES[name]
+    git_dir = _repository(source)
+    for path, sha256 in {**source.files, "LICENSE": None}.items():
+        content = _show(git_dir, source.commit, path)
+        if sha256 is not None and hashlib.sha256(content).hexdigest() != sha256:
+            pytest.fail(f"{source.repo}@{source.commit}:{path} is not the file pinned here")
+        target = workdir / Path(path).name
+        target.write_bytes(content)
+    return workdir / Path(source.entry).name
+
+
+def run_script(name: str, tmp_path: Path, script_args: list[str], patches=(), env: dict | None = None,
+               timeout_s: float = TIMEOUT_S) -> ScriptRun:
+    """`gpuprof run --run-dir tmp_path/run SCRIPT ARGS` with `patches` applied, cwd tmp_path/work."""
+    workdir = _workdir(tmp_path)
+    script = materialize(name, workdir)
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(RUNNER), json.dumps([_patch_spec(patch) for patch in patches]),
+               "--run-dir", str(run_dir), str(script), *map(str, script_args)]
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+                 "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                 "HF_HOME": str(tmp_path / "hf"), "WANDB_MODE": "disabled", **(env or {})}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=workdir, env=child_env)
+    result = ScriptRun(done.returncode, done.stdout, done.stderr, run_dir, workdir)
+    if (run_dir / "meta.json").exists() or any(run_dir.glob("*/meta.json")):
+        result.run = gpuprof.load_run(run_dir)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- nanoGPT
+def run_nanogpt(tmp_path: Path, patches=(), **config) -> ScriptRun:
+    write_nanogpt_data(_workdir(tmp_path) / "data" / "corpus")
+    settings = {**NANOGPT_CONFIG, "out_dir": str(tmp_path / "out"), **config}
+    return run_script("nanogpt", tmp_path, [f"--{key}={value}" for key, value in settings.items()], patches)
+
+
+def write_nanogpt_data(data_dir: Path, tokens: int = 20_000, seed: int = 0) -> None:
+    """What nanoGPT's data/*/prepare.py writes: uint16 token files and meta.pkl with the vocab size."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split in ("train", "val"):
+        rng.integers(0, NANOGPT_VOCAB, tokens, dtype=np.uint16).tofile(data_dir / f"{split}.bin")
+    with open(data_dir / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": NANOGPT_VOCAB}, f)
+
+
+# ---------------------------------------------------------------------------------------------- Accelerate
+def run_accelerate_clm(tmp_path: Path, patches=(), lines: int = CLM_LINES, args=()) -> ScriptRun:
+    local = write_clm_assets(_workdir(tmp_path) / "assets", lines)
+    offline = ("corpus_patches:offline_hub", local)
+    return run_script("accelerate_clm", tmp_path, ["--cpu", *args], (offline, *patches))
+
+
+def write_clm_assets(folder: Path, lines: int, seed: int = 0) -> dict[str, str]:
+    """Text files, a byte-level BPE tokenizer trained on them and a tiny GPT-2 config: what the
+    example would load from the Hub, made here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = _words(seed, lines * 12)
+    texts = {"train": words[: lines * 10], "validation": words[lines * 10: lines * 11],
+             "test": words[lines * 11:]}
+    files = {}
+    for split, split_words in texts.items():
+        files[split] = str(folder / f"{split}.txt")
+        text = [" ".join(split_words[i:i + 10]) for i in range(0, len(split_words), 10)]
+        blank = [""] * (CLM_SELECTED_LINES - len(text))  # WikiText's blank lines, which the example filters out
+        Path(files[split]).write_text("".join(line + "\n" for line in text + blank))
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train(list(files.values()), trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                            model_max_length=CLM_MODEL["n_positions"]).save_pretrained(folder / "tokenizer")
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    GPT2Config(vocab_size=tokenizer.get_vocab_size(), bos_token_id=eos, eos_token_id=eos, **CLM_MODEL).save_pretrained(folder / "model")
+    return {"data_files": files, "tokenizer": str(folder / "tokenizer"), "model": str(folder / "model")}
+
+
+# ---------------------------------------------------------------------------------------------- Lightning
+def run_lightning_transformer(tmp_path: Path, patches=(), max_steps: int = 10) -> ScriptRun:
+    data = _workdir(tmp_path) / "data"
+    data.mkdir(exist_ok=True)
+    words = _words(0, LIGHTNING_WORDS)
+    (data / "wikitext-2.txt").write_text("\n".join(" ".join(words[i:i + 20]) for i in range(0, len(words), 20)))
+    limits = ("corpus_patches:limit_lightning_trainer", {"max_steps": max_steps})
+    return run_script("lightning_transformer", tmp_path, [], (limits, *patches))
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _words(seed: int, count: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    vocabulary = [f"w{index}" for index in range(200)]
+    return [vocabulary[i] for i in rng.zipf(1.3, count) % len(vocabulary)]
+
+
+def _workdir(tmp_path: Path) -> Path:
+    workdir = tmp_path / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def _patch_spec(patch) -> list:
+    target, kwargs = (patch, {}) if isinstance(patch, str) else patch
+    return [target, kwargs]
+
+
+def _repository(source: Source) -> Path:
+    folder = source.repo.replace("/", "+")
+    for candidate in (corpus_root() / folder / "repo", corpus_root() / folder):
+        if candidate.is_dir() and _has_commit(candidate, source.commit):
+            return candidate
+    pytest.skip(f"no copy of {source.repo} at {source.commit[:12]} under {corpus_root()} (GPUPROF_SCRIPT_CORPUS)")
+
+
+def _has_commit(git_dir: Path, commit: str) -> bool:
+    return subprocess.run(["git", "-C", str(git_dir), "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True).returncode == 0
+
+
+def _show(git_dir: Path, commit: str, path: str) -> bytes:
+    return subprocess.run(["git", "-C", str(git_dir), "show", f"{commit}:{path}"], capture_output=True,
+                          check=True).stdout
