@@ -18,6 +18,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--run-dir", default=None,
                         help="record the run here (default: runs/<script name>-<timestamp>; under torchrun the "
                         "timestamp is the launcher's, so every rank of a node writes the same run)")
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME",
+                        help="apply a rule's fix from outside the script (repeatable; the names: docs/tune.md); "
+                        "what it changed is in the run's meta.json, config.knobs")
+    parser.add_argument("--max-steps", type=int, default=None, metavar="N",
+                        help="stop the script, as finished, once N steps are recorded")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
     parser.set_defaults(func=run)
@@ -26,7 +31,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuprof.integrations.script import run_script
 
-    return run_script(args.script, args.script_args, args.run_dir or default_run_dir(args.script))
+    return run_script(args.script, args.script_args, args.run_dir or default_run_dir(args.script), knobs=args.knob,
+                      max_steps=args.max_steps)
 
 
 def default_run_dir(script: str) -> str:

@@ -20,11 +20,23 @@ def batch_tokens(batch: Any) -> int:
     return 0
 
 
+def output_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model call returned: its output's `loss`, or a tuple's one-element float tensor."""
+    if isinstance(output, (tuple, list)):
+        found = [item for item in output if isinstance(item, torch.Tensor) and item.numel() == 1
+                 and item.is_floating_point()]
+        loss = found[0] if len(found) == 1 else None
+    else:
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
 class ForwardInputs:
     """A collector reading each training forward of `model`: tokens in, and the loss out when the model returns one.
 
     Tokens are the elements of `input_ids` (or of the first positional tensor) of every training
-    call in the step. The loss is an output's `loss` (Hugging Face models), kept on the device:
+    call in the step. The loss is an output's `loss` (Hugging Face models), or the one-element float
+    tensor of a tuple output (nanoGPT's `logits, loss`), kept on the device:
     given `num_items_in_batch`, each micro-batch loss is already divided by the step's token count,
     so they add up; otherwise they are averaged.
     """
@@ -67,8 +79,8 @@ class ForwardInputs:
     def _after_forward(self, module, args, output) -> None:
         if not is_training_call(module):
             return
-        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        loss = output_loss(output)
+        if loss is not None:
             loss = loss.detach().float().reshape(())
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._losses += 1

@@ -22,6 +22,10 @@ A Hugging Face `Trainer` or a Lightning `Trainer` the script builds gets gpuprof
 instead (its `__init__` is wrapped once the module defining it is imported), and the global
 hooks stand down. Whatever the script does, it ends the same way it would without gpuprof: its
 exit code is returned, and a run it leaves half-done is closed as failed.
+
+`gpuprof tune` runs scripts this way with two more options: `knobs`, fixes applied from outside
+(gpuprof.integrations.knobs; found at the first step, the model gets those that change it before
+recording starts), and `max_steps`, after which the script is stopped as finished.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from gpuprof.capture.profiler import Profiler
 from gpuprof.errors import GpuprofError
 from gpuprof.integrations.batches import ForwardInputs
+from gpuprof.integrations.knobs import KnobPatches
 from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
 from gpuprof.optimizers import params_of
 
@@ -57,17 +62,28 @@ TRAINER_MODULES = {  # module defining the class -> (class name, gpuprof callbac
 }
 
 
-def run_script(script: str, args: list[str], run_dir: str, **options: Any) -> int:
-    """Runs `script` with `args` recorded into `run_dir`; returns the exit code the script would have had."""
+def run_script(script: str, args: list[str], run_dir: str, *, knobs=(), max_steps: int | None = None,
+               **options: Any) -> int:
+    """Runs `script` with `args` recorded into `run_dir`; returns the exit code the script would have had.
+    `knobs` (names) are applied from outside; after `max_steps` recorded steps the script is stopped."""
     path = os.path.abspath(script)
     if not os.path.isfile(path):
         raise GpuprofError(f"no such script: {script}")
-    recorder = ScriptRecorder(run_dir, config={"script": path, "args": list(args)}, **options)
+    if max_steps is not None and max_steps < 1:
+        raise GpuprofError(f"--max-steps must be at least 1, got {max_steps}")
+    patches = KnobPatches(knobs, path)
+    config = {"script": path, "args": list(args), **({"knobs": patches.applied} if knobs else {})}
+    if max_steps is not None:
+        options["collectors"] = [*options.get("collectors", ()), StepLimit(max_steps)]
+    recorder = ScriptRecorder(run_dir, config=config, patches=patches, **options)
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv, sys.path[0] = [path, *args], os.path.dirname(path)  # as `python SCRIPT` sets them
     recorder.install()
     try:
         runpy.run_path(path, run_name="__main__")
+    except StepLimitReached:
+        recorder.finish("finished")
+        return 0
     except SystemExit as exit_:
         code = _exit_code(exit_)
         recorder.finish("finished" if code == 0 else "failed")
@@ -83,11 +99,32 @@ def run_script(script: str, args: list[str], run_dir: str, **options: Any) -> in
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
+class StepLimitReached(BaseException):
+    """Raised out of the script's step once `max_steps` are recorded (past its `except Exception`)."""
+
+
+class StepLimit:
+    """A collector that stops the script after `steps` recorded steps (prof.step() raises stop_training)."""
+
+    name = "step_limit"
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.stop_training: BaseException | None = None
+        self._recorded = 0
+
+    def on_step_end(self, prof, state) -> None:
+        self._recorded += 1
+        if self._recorded >= self.steps:
+            self.stop_training = StepLimitReached(f"{self.steps} steps recorded")
+
+
 class ScriptRecorder:
     """Finds the model and optimizer of a loop it did not write, or hooks the Trainer the loop builds."""
 
-    def __init__(self, run_dir: str, **options: Any):
+    def __init__(self, run_dir: str, patches: KnobPatches | None = None, **options: Any):
         self.run_dir = run_dir
+        self.patches = patches
         self.options = options
         self.prof: Profiler | None = None
         self.callbacks: list[Any] = []  # the Trainer callbacks attached, in order
@@ -109,6 +146,8 @@ class ScriptRecorder:
         ]
         self._finder.install()
         self._watch_loaders()
+        if self.patches is not None:
+            self.patches.install()
 
     def finish(self, status: str, error: BaseException | None = None) -> None:
         """Removes every hook and closes every recording still open (a run the script left mid-way)."""
@@ -117,6 +156,8 @@ class ScriptRecorder:
                   file=sys.stderr)
         self._finder.remove()
         self._stop_discovery()
+        if self.patches is not None:
+            self.patches.remove()
         if self._loader_iter is not None:
             torch.utils.data.DataLoader.__iter__ = self._loader_iter
         for handle in self._optimizer_hooks:
@@ -162,6 +203,8 @@ class ScriptRecorder:
             if self._scaler is not None:
                 self._end_steps_at_scaler_updates()
             self._stop_discovery()
+            if self.patches is not None and self._model is not None:
+                self.patches.model_found(self._model)
         elif self.prof is None and optimizer is self._optimizer and optimizer in self._members:
             self._candidates = list(self._members)  # a new iteration: those that have not stepped are not the loop's
 

@@ -8,6 +8,7 @@ ops in a trace also come from routers and distillation losses, so they prove not
 from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 
 UNFUSED_ATTENTION = {"eager", "math", "manual"}
@@ -40,3 +41,24 @@ def attention_not_fused(ctx):
             "kernels on CUDA in fp16/bf16 (gpuprof train: --attention sdpa)."
         ),
     )
+
+
+@knob("sdpa-attention", rule="attention-not-fused", train_flags=("--attention", "sdpa"))
+def sdpa_attention(patch):
+    """A Hugging Face model that runs an unfused attention switches to attn_implementation="sdpa"
+    (torch's scaled_dot_product_attention), through its own set_attn_implementation.
+
+    Other models are left as they are: their attention is their own code."""
+
+    def to_sdpa(model) -> str | None:
+        from gpuprof.modules import eager_model
+
+        inner = eager_model(model)
+        config = getattr(inner, "config", None)
+        if not hasattr(inner, "set_attn_implementation") or not eager_attention(
+                {"attn_implementation": getattr(config, "_attn_implementation", None)}):
+            return None
+        inner.set_attn_implementation("sdpa")
+        return '{model}.set_attn_implementation("sdpa")  # or from_pretrained(..., attn_implementation="sdpa")'
+
+    patch.model(to_sdpa)

@@ -6,12 +6,17 @@ forward) and, for the fix, the DataLoader capture saw (workers, pinning, prefetc
 
 from __future__ import annotations
 
+import os
+
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
 
 DATA_SHARE_WARNING_PCT = 15.0
 DATA_SHARE_CRITICAL_PCT = 40.0
+MAX_LOADER_WORKERS = 4
+LOADER_PREFETCH_FACTOR = 2
 PIN_MEMORY_FIX = " The loader does not pin memory: pin_memory=True lets each batch's copy to the GPU run asynchronously."
 
 
@@ -57,3 +62,31 @@ def dataloader_bound(ctx):
         # Workers can hide the whole wait when they keep up with compute.
         est_gain_pct=data_share_pct,
     )
+
+
+def loader_workers_for_host() -> int:
+    """The workers the loader knob gives: one per CPU core this process may use, at most MAX_LOADER_WORKERS."""
+    return max(1, min(MAX_LOADER_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@knob("loader-workers", rule="dataloader-bound", train_flags=("--num-workers", "2"))
+def loader_workers(patch):
+    """DataLoaders built without workers get them: num_workers = one per CPU core (at most 4),
+    persistent_workers=True, prefetch_factor=2, and pin_memory=True where CUDA is present.
+
+    A loader the script gave workers, and one over an IterableDataset (each worker would iterate the
+    whole of it), are left as they are. Batches come in the same order: the sampler still runs in the
+    main process. Random augmentation inside the dataset draws from each worker's own seed."""
+    import torch
+
+    def choose(bound) -> dict:
+        given = bound.arguments
+        if given.get("num_workers") or isinstance(given.get("dataset"), torch.utils.data.IterableDataset):
+            return {}
+        chosen = {"num_workers": loader_workers_for_host(), "persistent_workers": True,
+                  "prefetch_factor": LOADER_PREFETCH_FACTOR}
+        if torch.cuda.is_available() and not given.get("pin_memory"):
+            chosen["pin_memory"] = True
+        return chosen
+
+    patch.keywords(torch.utils.data.DataLoader, choose)

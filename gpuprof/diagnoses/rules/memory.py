@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
 from gpuprof.run.schema import EventKind
@@ -122,3 +125,16 @@ def allocator_fragmentation(ctx):
             "(pad sequences to fixed buckets); free large temporaries before the backward pass."
         ),
     )
+
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE = "expandable_segments:True"
+
+
+@knob("expandable-segments", rule="allocator-fragmentation")
+def expandable_segments(patch):
+    """PYTORCH_CUDA_ALLOC_CONF gets expandable_segments:True (after what it already holds): the CUDA
+    caching allocator grows segments instead of caching blocks of fixed sizes. No effect without CUDA."""
+    given = os.environ.get(ALLOC_CONF)
+    value = EXPANDABLE if not given else f"{given},{EXPANDABLE}"
+    patch.environment(ALLOC_CONF, value, f'import os\nos.environ["{ALLOC_CONF}"] = "{value}"  # before torch initialises CUDA')

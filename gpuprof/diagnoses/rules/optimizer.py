@@ -6,7 +6,10 @@ has a fused kernel for it on the run's device) and the measured optimizer phase.
 
 from __future__ import annotations
 
+import inspect
+
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 
 # Below this share of step time the optimizer step is not worth a warning.
@@ -59,3 +62,22 @@ def unfused_optimizer(ctx):
             "several per tensor (gpuprof train: --fused-adamw)."
         ),
     )
+
+
+@knob("fused-optimizer", rule="unfused-optimizer", train_flags=("--fused-adamw",))
+def fused_optimizer(patch):
+    """torch.optim optimizers that have a fused kernel (Adam, AdamW, SGD, Adagrad) are built with
+    fused=True, unless the script chose fused or foreach itself.
+
+    torch refuses fused=True for parameters on a device without the kernel, as it would in the script."""
+    import torch
+
+    def choose(bound) -> dict:
+        given = bound.arguments
+        return {} if given.get("fused") is not None or given.get("foreach") is not None else {"fused": True}
+
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and "__init__" in cls.__dict__
+                and "fused" in inspect.signature(cls.__init__).parameters):
+            patch.keywords(cls, choose)

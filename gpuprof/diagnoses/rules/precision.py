@@ -8,6 +8,7 @@ of matmul time spent in tensor-core kernels.
 from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 
 FP32_NAMES = {"fp32", "float32"}
@@ -70,3 +71,50 @@ def fp32_matmul(ctx):
             "(gpuprof train: --precision bf16 --tf32)."
         ),
     )
+
+
+@knob("bf16-autocast", rule="fp32-matmul", train_flags=("--precision", "bf16"))
+def bf16_autocast(patch):
+    """The model's forward runs under torch.autocast(dtype=torch.bfloat16) on the model's device, where
+    that device computes in bf16 (a CPU; a GPU from Ampere on).
+
+    A model whose parameters are not fp32, and a forward the script already runs under autocast, are
+    left as they are. A loss the script computes outside the model sees bf16 logits."""
+
+    def autocast_forward(model) -> str | None:
+        import functools
+
+        import torch
+
+        param = next(model.parameters())
+        device = param.device.type
+        supported = torch.cuda.is_bf16_supported() if device == "cuda" else device == "cpu"
+        if not supported or param.dtype != torch.float32:
+            return None
+        forward = model.forward
+
+        @functools.wraps(forward)
+        def bf16_forward(*args, **kwargs):
+            if torch.is_autocast_enabled(device):
+                return forward(*args, **kwargs)
+            with torch.autocast(device, dtype=torch.bfloat16):
+                return forward(*args, **kwargs)
+
+        model.forward = bf16_forward
+        return f"{{model}}.forward = torch.autocast({device!r}, dtype=torch.bfloat16)({{model}}.forward)"
+
+    patch.model(autocast_forward)
+
+
+@knob("tf32", rule="fp32-matmul", train_flags=("--tf32",))
+def tf32(patch):
+    """torch.set_float32_matmul_precision("high"): fp32 matmuls may run on TF32 tensor cores (CUDA,
+    Ampere on); a CPU has none and runs as before."""
+    import torch
+
+    def allow_tf32():
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high")
+        return lambda: torch.set_float32_matmul_precision(before)
+
+    patch.setting(allow_tf32, 'torch.set_float32_matmul_precision("high")')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 
 STEP_TIME_CV_WARNING = 0.25
@@ -68,3 +69,17 @@ def warmup_pollution(ctx):
             "dimensions to avoid recompiles."
         ),
     )
+
+
+@knob("gc-freeze", rule="step-time-variance")
+def gc_freeze(patch):
+    """gc.freeze() once the model and optimizer exist (at the script's first optimizer step): the objects
+    built during setup move out of the collector's reach, so its passes over them stop stalling steps."""
+
+    def freeze(model) -> str:
+        import gc
+
+        gc.freeze()
+        return "import gc\ngc.freeze()  # after setup: the collector no longer walks what setup built"
+
+    patch.model(freeze)

@@ -4,6 +4,7 @@ busy while its kernels reach only a small share of the peak FLOP/s (MFU)."""
 from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 from gpuprof.diagnoses.rules.precision import recorded_dtype
 from gpuprof.run import query as q
@@ -77,3 +78,20 @@ def low_mfu(ctx):
         ),
         est_gain_pct=100 * (1 - 100 * mfu / REACHABLE_MFU_PCT),
     )
+
+
+@knob("compile", rule="low-mfu", train_flags=("--compile",))
+def compile_model(patch):
+    """The model is compiled in place with model.compile() (torch.compile with its defaults), unless
+    the script compiled it already. The first steps pay for the compilation: tune's figures leave
+    them out as warm-up."""
+
+    def compile_in_place(model) -> str | None:
+        from gpuprof.capture.loopfacts import model_facts
+
+        if model_facts(model)["compiled"]:
+            return None
+        model.compile()
+        return "{model}.compile()"
+
+    patch.model(compile_in_place)

@@ -1,0 +1,108 @@
+"""`gpuprof tune SCRIPT [ARGS...]`: measure each recommended fix in a trial of its own (gpuprof.tune)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gpuprof.cli.run import default_run_dir
+from gpuprof.cli.run_report import add_json_flag, print_json
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="try each recommended fix in a measured trial and report the measured gain beside the estimate",
+        description="Run SCRIPT unchanged under `gpuprof run` for N steps (a baseline), diagnose it, then give "
+        "each finding whose fix can be applied from outside the script a trial of its own (a child process, "
+        "that knob alone), and one trial combining the knobs that helped. Each trial reports its speedup "
+        "with a 95%% interval, the finding's estimate, numerics parity and the verdict; the report ends with "
+        "the diff to apply for the winning set. Nothing is written into the script.",
+    )
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="measured steps per trial (default: enough for a ±5%% interval on the baseline's "
+                        "mean step time, from a pilot of 20)")
+    parser.add_argument("--only", action="append", default=None, metavar="KNOB[,KNOB...]",
+                        help="try these knobs only, recommended or not (repeatable; names in docs/tune.md)")
+    add_json_flag(parser)
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where the trials' runs go (default: runs/tune-<script name>-<timestamp>)")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="stop a trial after S seconds (default: 4x the baseline's wall time, at least 120)")
+    parser.add_argument("--train", nargs=argparse.REMAINDER, default=None, metavar="TRAIN_FLAGS",
+                        help="tune the GPT-2 reference workload instead: the rest are `gpuprof train` flags; "
+                        "knobs are its own flags, and its optimized variant gets a trial too")
+    parser.add_argument("script", nargs="?", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuprof.analysis.run.jsonable import json_safe
+    from gpuprof.errors import GpuprofError
+    from gpuprof.tune.trials import ScriptTarget, WorkloadTarget
+    from gpuprof.tune.tuning import tune
+
+    if args.train is not None:
+        target = WorkloadTarget(tuple(args.train))
+        name = "train"
+    elif args.script:
+        if not Path(args.script).is_file():
+            raise GpuprofError(f"no such script: {args.script}")
+        target = ScriptTarget(str(Path(args.script).resolve()), tuple(args.script_args))
+        name = Path(args.script).stem
+    else:
+        raise GpuprofError("give a SCRIPT to tune, or --train with gpuprof train's flags")
+    if args.steps is not None and args.steps < 3:
+        raise GpuprofError(f"--steps must be at least 3 (an interval needs them), got {args.steps}")
+    only = [name for part in args.only for name in part.split(",") if name] if args.only else None
+    out = args.out or default_run_dir(f"tune-{name}")  # under torchrun: the same folder on every rank
+    talks = os.environ.get("RANK", "0") == "0"
+    result = tune(target, out, steps=args.steps, only=only, budget_s=args.budget_s,
+                  progress=lambda line: talks and print(f"gpuprof tune: {line}", file=sys.stderr, flush=True))
+    if not talks:
+        return 0
+    if args.json:
+        print_json("tune", json_safe(result.to_dict()))
+    else:
+        render(result)
+    return 0
+
+
+def render(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuprof.cli.trace import PIPED_WIDTH
+
+    console = Console(highlight=False) if sys.stdout.isatty() else Console(width=PIPED_WIDTH, highlight=False)
+    baseline, interval = result.baseline, result.baseline_step_time
+    console.print(f"[bold]gpuprof tune[/bold] {result.target}")
+    spread = f" ±{100 * interval.half_width / interval.point:.1f}% (95% CI)" if interval else ""
+    console.print(f"baseline: {baseline.measured_steps} measured steps, mean step time "
+                  f"{baseline.step_time_mean_s:.4g} s{spread}; {baseline.verdict}")
+    table = Table(title="trials (speedup over the baseline, above 1 is faster)")
+    for header in ("trial", "estimate", "measured (95% CI)", "effect", "numerics", "verdict after", "status"):
+        table.add_column(header)
+    for trial in result.trials:
+        table.add_row(
+            trial.name if trial.name not in ("combined", "optimized") else f"{trial.name}: {' + '.join(trial.knobs)}"
+            if trial.knobs else trial.name,
+            f"{trial.estimate:.2f}x ({trial.rule})" if trial.estimate else (trial.rule or "—"),
+            f"{trial.speedup.point:.2f}x ({trial.speedup.low:.2f}-{trial.speedup.high:.2f})" if trial.speedup else "—",
+            trial.effect or "—", trial.parity.get("status", "—"), trial.verdict or "—",
+            trial.status + (f": {trial.error}" if trial.error else ""),
+        )
+    console.print(table)
+    for item in result.by_hand:
+        console.print(f"[bold]by hand[/bold] ({item['rule']}): {item['title']}. {item['fix']}")
+    for note in result.notes:
+        console.print(f"[bold]note[/bold]: {note}")
+    console.print(f"[bold]{result.conclusion}[/bold]")
+    if result.diff:
+        console.print("the change to make:" if not result.diff.startswith("gpuprof") else "the command to run:")
+        console.print(result.diff, markup=False, highlight=False)
+    for note in result.diff_notes:
+        console.print(f"also: {note}", markup=False)
+    console.print(f"trials recorded in {result.out_dir}")

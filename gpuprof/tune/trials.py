@@ -1,0 +1,252 @@
+"""One trial: the script (or the reference workload) run in a child process with some knobs, measured
+against the baseline run.
+
+The child is `python -m gpuprof run --max-steps N --knob K ... SCRIPT ARGS` (or `gpuprof train FLAGS
+--steps N` with each knob's flags), in its own session with its own time budget: a trial that fails,
+hangs or diverges is reported as such and the next one runs. Its figures come from its run directory:
+step times after warm-up against the baseline's (a speedup with its bootstrap interval,
+gpuprof.analysis.run.stats), the losses of the same steps (numerics parity), the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuprof.analysis.run.stats import Interval, TooFewStepsError, loss_diverges, loss_shift_interval, speedup_interval
+from gpuprof.diagnoses.knob import all_knobs
+from gpuprof.errors import GpuprofError
+
+# A gain (or loss) counts once its whole interval clears 1 and its point is at least this far from it:
+# the ±5 % interval tune aims for does not tell smaller effects from the machine's drift.
+MIN_EFFECT_REL = 0.05
+# Losses this close (relative), step by step, are the same numbers: a same-seed script compared as itself.
+SAME_LOSS_REL = 1e-6
+LOG_LINES_KEPT = 1
+RANK_POLL_S = 0.5
+BUDGET_RANKS_S = 600.0  # the longest a rank waits for the others' recordings when the trial has no budget
+
+
+@dataclass(frozen=True)
+class ScriptTarget:
+    """An unmodified script, run under `gpuprof run`."""
+
+    script: str
+    args: tuple[str, ...] = ()
+
+    @property
+    def title(self) -> str:
+        return " ".join([self.script, *self.args])
+
+    def command(self, run_dir: Path, knobs: tuple[str, ...], steps: int, extra: tuple[str, ...] = ()) -> list[str]:
+        knob_flags = [flag for name in knobs for flag in ("--knob", name)]
+        # the script's first optimizer step finds the model and is not recorded; the next is warm-up
+        return [sys.executable, "-m", "gpuprof", "run", "--run-dir", str(run_dir), "--max-steps", str(steps + 1),
+                *knob_flags, self.script, *self.args]
+
+    def knobs(self) -> list[str]:
+        return list(all_knobs())
+
+
+@dataclass(frozen=True)
+class WorkloadTarget:
+    """The GPT-2 reference workload, `gpuprof train FLAGS`: knobs are its own flags."""
+
+    flags: tuple[str, ...] = ()
+
+    @property
+    def title(self) -> str:
+        return " ".join(["gpuprof train", *self.flags])
+
+    def command(self, run_dir: Path, knobs: tuple[str, ...], steps: int, extra: tuple[str, ...] = ()) -> list[str]:
+        known = all_knobs()
+        knob_flags = [flag for name in knobs for flag in known[name].train_flags]
+        return [sys.executable, "-m", "gpuprof", "train", *self.flags, *extra, *knob_flags, "--steps", str(steps + 1),
+                "--run-dir", str(run_dir)]
+
+    def knobs(self) -> list[str]:
+        return [name for name, knob in all_knobs().items() if knob.train_flags]
+
+    def flags_with(self, knobs: tuple[str, ...]) -> list[str]:
+        known = all_knobs()
+        return [*self.flags, *(flag for name in knobs for flag in known[name].train_flags)]
+
+
+@dataclass
+class Trial:
+    """What a trial ran and what it measured; `speedup` is over the baseline (above 1: faster)."""
+
+    name: str
+    knobs: tuple[str, ...]
+    run_dir: str
+    status: str = "pending"  # measured | failed | timed out | nothing to change
+    error: str | None = None
+    wall_s: float | None = None
+    measured_steps: int = 0
+    step_time_mean_s: float | None = None
+    speedup: Interval | None = None
+    parity: dict = field(default_factory=dict)
+    verdict: str | None = None
+    edits: list = field(default_factory=list)
+    # the finding behind the knob: its rule, and the speedup its expected gain amounts to
+    rule: str | None = None
+    estimate: float | None = None
+
+    @property
+    def effect(self) -> str | None:
+        """faster, slower or within noise (the interval and MIN_EFFECT_REL); None when not measured."""
+        if self.speedup is None:
+            return None
+        if self.speedup.low > 1 and self.speedup.point >= 1 + MIN_EFFECT_REL:
+            return "faster"
+        if self.speedup.high < 1 and self.speedup.point <= 1 - MIN_EFFECT_REL:
+            return "slower"
+        return "within noise"
+
+    @property
+    def helped(self) -> bool:
+        return self.effect == "faster" and self.parity.get("status") != "diverged"
+
+    @property
+    def estimate_miss(self) -> float | None:
+        """How many times the estimated saving of step time exceeds the measured one (below 1: it fell short)."""
+        if self.estimate is None or self.speedup is None or self.speedup.point <= 1 or self.estimate <= 1:
+            return None
+        return (1 - 1 / self.estimate) / (1 - 1 / self.speedup.point)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "knobs": list(self.knobs), "run_dir": self.run_dir, "status": self.status,
+            "error": self.error, "wall_s": self.wall_s, "measured_steps": self.measured_steps,
+            "step_time_mean_s": self.step_time_mean_s,
+            "speedup": self.speedup.to_dict() if self.speedup else None, "effect": self.effect,
+            "rule": self.rule, "estimate": self.estimate, "estimate_miss": self.estimate_miss,
+            "parity": self.parity, "verdict": self.verdict, "edits": self.edits,
+        }
+
+
+def launch(target, trial: Trial, steps: int, budget_s: float | None, extra: tuple[str, ...] = ()) -> None:
+    """Runs the trial's child process to its end, or kills it at `budget_s`; its output goes to RUN_DIR.log."""
+    run_dir = Path(trial.run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir.with_suffix(".log")
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(target.command(run_dir, trial.knobs, steps, extra), stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            _kill(child)
+            code = None
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        wait_for_ranks(run_dir, world_size, budget_s or BUDGET_RANKS_S)
+    trial.wall_s = time.monotonic() - started
+    if code is None:
+        trial.status, trial.error = "timed out", f"stopped after its budget of {budget_s:.0f} s (log: {log_path})"
+    elif code != 0:
+        trial.status, trial.error = "failed", f"exit code {code}: {_last_line(log_path)} (log: {log_path})"
+
+
+def wait_for_ranks(run_dir: Path, world_size: int, timeout_s: float) -> None:
+    """Under torchrun: until every rank's recording of the trial is closed, so that every rank's tune reads
+    the same files and decides the same next trial."""
+    from gpuprof.run.reader import Run
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            metas = Run(run_dir).rank_meta
+        except GpuprofError:
+            metas = {}
+        if len(metas) >= world_size and all(meta.get("status") != "running" for meta in metas.values()):
+            return
+        time.sleep(RANK_POLL_S)
+
+
+def read(trial: Trial, baseline) -> "object | None":
+    """The trial's report, with its figures measured against `baseline` (the baseline's report; None: it is
+    the baseline); None when the trial left no readable run."""
+    from gpuprof.report import build_report
+
+    try:
+        report = build_report(trial.run_dir)
+    except GpuprofError as error:
+        if trial.status == "pending":
+            trial.status, trial.error = "failed", str(error)
+        return None
+    times = report.summary.measured_step_times
+    trial.measured_steps = len(times)
+    trial.step_time_mean_s = float(times.mean()) if len(times) else None
+    trial.verdict = report.verdict.headline
+    trial.edits = [edit for name in trial.knobs for edit in (report.meta.get("config") or {}).get("knobs", {}).get(name, [])]
+    if baseline is None:
+        trial.status = "measured" if trial.status == "pending" else trial.status
+        return report
+    if trial.status == "pending":
+        try:
+            trial.speedup = speedup_interval(baseline.summary.measured_step_times.to_numpy(), times.to_numpy())
+            trial.status = "measured"
+        except TooFewStepsError as error:
+            trial.status, trial.error = "failed", str(error)
+    trial.parity = parity(baseline, report)
+    return report
+
+
+def parity(baseline, report) -> dict:
+    """The trial's loss curve against the baseline's over the same steps: the same numbers (a same-seed
+    script), within the noise, or diverged (also: non-finite where the baseline was finite)."""
+    a = _losses(baseline)
+    b = _losses(report)
+    common = a.index.intersection(b.index)
+    if len(common) == 0:
+        return {"status": "not recorded", "steps": 0}
+    a, b = a[common], b[common]
+    finite_a = a.map(math.isfinite)
+    finite_b = b.map(math.isfinite)
+    if (finite_a & ~finite_b).any():
+        return {"status": "diverged", "steps": len(common), "reason": "non-finite losses the baseline did not have"}
+    a, b = a[finite_a & finite_b], b[finite_a & finite_b]
+    max_rel = float(((b - a).abs() / a.abs().clip(lower=1e-12)).max()) if len(a) else None
+    result = {"steps": len(a), "max_rel_diff": max_rel}
+    if max_rel is not None and max_rel <= SAME_LOSS_REL:
+        return {"status": "identical", **result}
+    try:
+        shift = loss_shift_interval(a.to_numpy(), b.to_numpy())
+        diverged = loss_diverges(a.to_numpy(), b.to_numpy())
+    except TooFewStepsError:
+        return {"status": "too few steps", **result}
+    return {"status": "diverged" if diverged else "within noise", "loss_shift": shift.to_dict(), **result}
+
+
+def _losses(report):
+    steps = report.run.steps
+    if "loss" not in steps.columns:
+        import pandas as pd
+
+        return pd.Series(dtype=float)
+    return steps.groupby("step")["loss"].mean().dropna().astype(float)
+
+
+def _kill(child: subprocess.Popen) -> None:
+    """The child and everything it started (DataLoader workers, compile workers)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+
+
+def _last_line(log_path: Path) -> str:
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    return " | ".join(lines[-LOG_LINES_KEPT:]) if lines else "no output"
