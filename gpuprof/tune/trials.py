@@ -115,10 +115,19 @@ class Trial:
 
     @property
     def estimate_miss(self) -> float | None:
-        """How many times the estimated saving of step time exceeds the measured one (below 1: it fell short)."""
+        """How many times the estimated saving of step time exceeds the measured one (below 1: it fell short);
+        None without both, or when nothing was saved (see `estimate_missed`)."""
         if self.estimate is None or self.speedup is None or self.speedup.point <= 1 or self.estimate <= 1:
             return None
         return (1 - 1 / self.estimate) / (1 - 1 / self.speedup.point)
+
+    def estimate_missed(self, factor: float) -> bool:
+        """Whether the estimate lies outside the measured interval and is off its saving by more than `factor`
+        (or promised a gain where none was measured)."""
+        if self.estimate is None or self.speedup is None or self.status != "measured" or self.speedup.contains(self.estimate):
+            return False
+        miss = self.estimate_miss
+        return miss is None or not 1 / factor <= miss <= factor
 
     def to_dict(self) -> dict:
         return {

@@ -181,8 +181,7 @@ def _conclude(target, result: TuneResult) -> None:
                 result.notes.append(f"{what} ({composite.speedup.point:.2f}x) is slower than its own {single.name} "
                                     f"knob alone ({single.speedup.point:.2f}x)")
     for trial in result.trials:
-        miss = trial.estimate_miss
-        if miss is not None and not 1 / ESTIMATE_MISS_FACTOR <= miss <= ESTIMATE_MISS_FACTOR:
+        if trial.estimate_missed(ESTIMATE_MISS_FACTOR):
             result.notes.append(f"{trial.rule} estimated {trial.estimate:.2f}x for {trial.name}, measured "
                                 f"{trial.speedup.point:.2f}x: off by more than {ESTIMATE_MISS_FACTOR:g}x")
     if result.winner is None:

@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=1000)
 parser.add_argument("--item-delay-ms", type=float, default=20.0)
+parser.add_argument("--attention", default=None, help="the model's attn_implementation (default: transformers')")
 args = parser.parse_args()
 
 
@@ -28,7 +29,7 @@ class SlowTokens(torch.utils.data.Dataset):
 
 torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=256, n_positions=32,
-                                   bos_token_id=0, eos_token_id=0))
+                                   bos_token_id=0, eos_token_id=0, attn_implementation=args.attention))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 loader = torch.utils.data.DataLoader(SlowTokens(8 * args.steps), batch_size=8, shuffle=True,
                                      generator=torch.Generator().manual_seed(0))
