@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
         description="Run SCRIPT unchanged under `gpuprof run` for N steps (a baseline), diagnose it, then give "
         "each finding whose fix can be applied from outside the script a trial of its own (a child process, "
         "that knob alone), and one trial combining the knobs that helped. Each trial reports its speedup "
-        "with a 95%% interval, the finding's estimate, numerics parity and the verdict; the report ends with "
+        "with a 95% interval, the finding's estimate, numerics parity and the verdict; the report ends with "
         "the diff to apply for the winning set. Nothing is written into the script.",
     )
     parser.add_argument("--steps", type=int, default=None, metavar="N",
