@@ -1,16 +1,20 @@
-"""Speed and peak memory of gpuprof's trace analyzer against HolisticTraceAnalysis (HTA).
+"""Speed and peak memory of gpuprof's trace analyzer against HolisticTraceAnalysis (HTA), and
+against the floor any analyzer pays: reading the file, gunzip, and one JSON parse.
 
 Measures "load + temporal breakdown + kernel breakdown" on the shared real traces and on
 a large trace synthesized by replicating a real one (shifted in time, with fresh
 correlation ids and step numbers), each run in a fresh process so peak RSS is its own.
+The floor is `msgspec.json.decode` of the whole (gunzipped) document into Python objects.
 
     .venv/bin/python benchmarks/trace_speed.py                      # HTA from --hta-python
-    .venv/bin/python benchmarks/trace_speed.py --replicate 25 --large-replicate 100
+    .venv/bin/python benchmarks/trace_speed.py --replicate 42       # about 1.7M events
 
-HTA is a benchmark-only dependency (`pip install -e .[bench]`); if it conflicts with the
-project's environment, install it into its own virtual environment with the same torch
-(e.g. `python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install torch==2.13.0
-HolisticTraceAnalysis`) and pass `--hta-python /tmp/hta-venv/bin/python`.
+HTA's newest release is PyPI `traceinsight` (0.6.1, the `hta` package), a benchmark-only
+dependency (`pip install -e .[bench]`). It requires jupyterlab, which its analysis never
+imports: to keep the project's environment as it is, install it beside it with
+`pip install --no-deps --target /tmp/hta traceinsight==0.6.1 pydot pyparsing networkx` and pass
+`--hta-path /tmp/hta` (the project's Python then runs HTA with that folder on its path), or
+give `--hta-python` a Python where it is installed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
+DEFAULT_TRACES = Path(os.environ.get("GPUPROF_SHARED_TRACES") or ROOT.parent / "shared" / "traces")
 REAL_TRACES = ("a100_2rank_nccl", "v100_ns_timestamps", "sampled_world128")
 
 # Each runs in its own process; prints one JSON line with seconds (after imports) and peak RSS.
@@ -53,11 +57,25 @@ peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusag
 print(json.dumps({"seconds": seconds, "peak_rss_mb": peak / 1024}))
 """
 
+FLOOR_RUN = """
+import gzip, json, resource, sys, time
+from pathlib import Path
+import msgspec
+start = time.perf_counter()
+for file in sorted(Path(sys.argv[1]).iterdir()):
+    data = file.read_bytes()
+    msgspec.json.decode(gzip.decompress(data) if data[:2] == b"\\x1f\\x8b" else data)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"seconds": seconds, "peak_rss_mb": peak / 1024}))
+"""
 
-def measure(python: str, script: str, trace_dir: Path, timeout_s: float) -> dict | None:
+
+def measure(python: str, script: str, trace_dir: Path, timeout_s: float, path: str | None = None) -> dict | None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
     try:
         result = subprocess.run([python, "-c", script, str(trace_dir)], capture_output=True, text=True,
-                                timeout=timeout_s, cwd=ROOT)
+                                timeout=timeout_s, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if result.returncode != 0:
@@ -121,12 +139,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the shared traces folder")
     parser.add_argument("--hta-python", default=os.environ.get("HTA_PYTHON", "/tmp/hta-venv/bin/python"),
-                        help="a Python with HolisticTraceAnalysis installed")
+                        help="a Python with traceinsight (HTA) installed")
+    parser.add_argument("--hta-path", help="a folder holding traceinsight's `hta` package (pip install --target), "
+                        "run with this script's Python")
     parser.add_argument("--replicate", type=int, default=25, help="copies of a100_2rank_nccl in the large trace")
     parser.add_argument("--large-replicate", type=int, default=0,
                         help="also time gpuprof alone on this many copies (100 copies ≈ 1 GB of JSON)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per measurement")
     args = parser.parse_args()
+    if args.hta_path:
+        args.hta_python = sys.executable
     have_hta = Path(args.hta_python).exists() or args.hta_python == sys.executable
     if not have_hta:
         print(f"HTA not measured: {args.hta_python} not found (see this script's docstring)")
@@ -142,17 +164,19 @@ def main() -> int:
             cases.append((f"a100 x{copies}", target, events, with_hta))
 
     print(f"{'trace':<20} {'events':>10} {'file MB':>7} {'gpuprof s':>10} {'HTA s':>9} {'speed-up':>9} "
-          f"{'gpuprof MB':>11} {'HTA MB':>8} {'mem ratio':>10}")
+          f"{'gpuprof MB':>11} {'HTA MB':>8} {'mem ratio':>10} {'floor s':>8} {'vs floor':>9}")
     for name, trace_dir, events, with_hta in cases:
         size_mb = sum(f.stat().st_size for f in trace_dir.iterdir()) / 2**20
         ours = measure(sys.executable, GPUPROF_RUN, trace_dir, args.timeout)
-        theirs = measure(args.hta_python, HTA_RUN, trace_dir, args.timeout) if (have_hta and with_hta) else None
-        print(_row(name, events, size_mb, ours, theirs), flush=True)
+        theirs = (measure(args.hta_python, HTA_RUN, trace_dir, args.timeout, args.hta_path)
+                  if (have_hta and with_hta) else None)
+        floor = measure(sys.executable, FLOOR_RUN, trace_dir, args.timeout)
+        print(_row(name, events, size_mb, ours, theirs, floor), flush=True)
     shutil.rmtree(work)
     return 0
 
 
-def _row(name: str, events: int, size_mb: float, ours: dict, theirs: dict | None) -> str:
+def _row(name: str, events: int, size_mb: float, ours: dict, theirs: dict | None, floor: dict) -> str:
     def figure(result, key, fmt):
         if result is None:
             return "-"
@@ -166,9 +190,12 @@ def _row(name: str, events: int, size_mb: float, ours: dict, theirs: dict | None
         print(f"gpuprof failed on {name}: {ours['error']}")
     if theirs and "error" in theirs:
         print(f"HTA failed on {name}: {theirs['error']}")
+    vs_floor = (f"{ours['seconds'] / floor['seconds']:.2f}x"
+                if ours and floor and "error" not in ours and "error" not in floor else "-")
     return (f"{name:<20} {events:>10,} {size_mb:>7.1f} {figure(ours, 'seconds', '.2f'):>10} "
             f"{figure(theirs, 'seconds', '.2f'):>9} {ratio_time:>9} {figure(ours, 'peak_rss_mb', '.0f'):>11} "
-            f"{figure(theirs, 'peak_rss_mb', '.0f'):>8} {ratio_mem:>10}")
+            f"{figure(theirs, 'peak_rss_mb', '.0f'):>8} {ratio_mem:>10} {figure(floor, 'seconds', '.2f'):>8} "
+            f"{vs_floor:>9}")
 
 
 if __name__ == "__main__":

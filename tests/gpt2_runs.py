@@ -47,3 +47,65 @@ def training_step_snapshot(model, optimizer, tokens: torch.Tensor) -> dict:
         optimizer.step()
         optimizer.zero_grad()
     return _profile_to_snapshot(profile)
+
+
+class SlowTokens(torch.utils.data.Dataset):
+    """Random token rows, each `delay_s` to prepare (a tokenizer or augmentation the loop waits for)."""
+
+    def __init__(self, rows: int, delay_s: float):
+        self.rows, self.delay_s = rows, delay_s
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import time
+
+        time.sleep(self.delay_s)
+        return torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(index))
+
+
+def train_step(model, optimizer, tokens: torch.Tensor) -> None:
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def step_time_s(model, optimizer, repeats: int = 3) -> float:
+    """The best of `repeats` timed training steps on a random batch, after one untimed."""
+    import time
+
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    train_step(model, optimizer, tokens)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        train_step(model, optimizer, tokens)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def record_plugin_trace(log_dir: Path, num_workers: int, data_to_compute: float = 1.5, spans: int = 1,
+                        worker_name: str | None = None, **profile_options) -> Path:
+    """Trains the tiny GPT-2 under plain torch.profiler on a Dataset whose batch takes `data_to_compute`
+    times a training step to prepare (measured first, so that the loop is input-bound on any machine
+    without workers), writing as the TensorBoard plugin's users do (tensorboard_trace_handler: one
+    `*.pt.trace.json` per worker and span in `log_dir`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a loaded machine's cores: one thread steps steadily
+    try:
+        model, optimizer = tiny_gpt2()
+        item_delay_s = data_to_compute * step_time_s(model, optimizer) / BATCH
+        loader = torch.utils.data.DataLoader(SlowTokens(BATCH * 6 * spans + BATCH * 4, item_delay_s),
+                                             batch_size=BATCH, num_workers=num_workers,
+                                             persistent_workers=num_workers > 0)
+        schedule = torch.profiler.schedule(wait=2, warmup=1, active=3, repeat=spans)
+        handler = torch.profiler.tensorboard_trace_handler(str(log_dir), worker_name=worker_name)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                    on_trace_ready=handler, **profile_options) as prof:
+            for tokens in loader:
+                train_step(model, optimizer, tokens)
+                prof.step()
+    finally:
+        torch.set_num_threads(threads)
+    return Path(log_dir)

@@ -21,7 +21,8 @@ from gpuprof.dashboard import DEFAULT_REFRESH_S, MIN_REFRESH_S, REFRESH_ENV, RUN
 from gpuprof.errors import GpuprofError
 from gpuprof.report import Report, TraceWindow, build_report
 from gpuprof.report.build import trace_window
-from gpuprof.run.reader import find_run_dirs
+from gpuprof.report.trace_report import TraceReport, trace_folder_report
+from gpuprof.run.reader import find_run_dirs, find_trace_dirs
 
 # A run whose files have not changed for this long is no longer refreshed as live.
 STALLED_AFTER_S = 120.0
@@ -60,8 +61,13 @@ class RunEntry:
 
     name: str
     path: Path
-    report: Report | None = None
+    report: Report | TraceReport | None = None
     error: str | None = None
+
+    @property
+    def bare_trace(self) -> bool:
+        """A folder of plain torch.profiler traces, not a gpuprof run."""
+        return self.report is not None and self.report.bare_trace
 
     @property
     def ok(self) -> bool:
@@ -88,6 +94,8 @@ class RunEntry:
 
     @property
     def status(self) -> str:
+        if self.bare_trace:
+            return f"plain trace, {len(self.report.spans)} span(s) of {len(self.report.ranks)} worker(s)"
         if self.live:
             return "● live"
         if self.meta.get("status") == "running":
@@ -95,19 +103,23 @@ class RunEntry:
         return self.meta.get("status") or "unknown"
 
 
-def open_run(root: Path, name: str) -> RunEntry:
-    """The run `name` (relative to root) with its report; a run that cannot be read keeps its error."""
+def open_run(root: Path, name: str, report_of=build_report) -> RunEntry:
+    """The run `name` (relative to root) with its report (`report_of=trace_folder_report`: a folder of plain
+    traces); one that cannot be read keeps its error."""
     path = under_root(root, name)
     try:
-        return RunEntry(name, path, build_report(path))
+        return RunEntry(name, path, report_of(path))
     except (GpuprofError, OSError) as error:
         return RunEntry(name, path, error=str(error))
 
 
 def catalog(root: Path) -> list[RunEntry]:
-    """Every run under root, readable or not, in name order (none that a link leads outside root)."""
-    inside = [path for path in find_run_dirs(root) if path.resolve().is_relative_to(root)]
-    return [open_run(root, _relative(root, path)) for path in inside]
+    """Every run and every folder of plain traces under root, readable or not, in name order (none that
+    a link leads outside root)."""
+    runs = ([(path, build_report) for path in find_run_dirs(root)]
+            + [(path, trace_folder_report) for path in find_trace_dirs(root)])
+    inside = sorted((path, report_of) for path, report_of in runs if path.resolve().is_relative_to(root))
+    return [open_run(root, _relative(root, path), report_of) for path, report_of in inside]
 
 
 def _relative(root: Path, path: Path) -> str:

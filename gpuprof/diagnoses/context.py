@@ -9,7 +9,7 @@ from functools import cached_property
 import pandas as pd
 
 from gpuprof.analysis.run.summary import (
-    RunSummary, first_row, measured_samples, measured_steps, primary_device, summarize,
+    RunSummary, first_row, measured_samples, measured_steps, primary_device, summarize, trace_summary,
 )
 from gpuprof.run import query as q
 from gpuprof.errors import GpuprofError
@@ -42,23 +42,21 @@ def parse_capability(value) -> tuple[int, int] | None:
         return None
 
 
-@dataclass
-class RunContext:
-    run: object
-    summary: RunSummary
-    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+class Context:
+    """What every rule may read, whether it looks at a run or at a bare trace: the meta (the run's,
+    or what a trace records of its devices and ranks), the summary, the trace analyzer."""
 
-    @classmethod
-    def of(cls, run) -> "RunContext":
-        return cls(run=run, summary=summarize(run, DEVICE_FIGURES))
+    summary: RunSummary
+    # True for a bare torch.profiler trace: only rules registered with `on_trace` run on it.
+    bare_trace = False
 
     @property
     def meta(self) -> dict:
-        return self.run.meta
+        raise NotImplementedError
 
     @property
     def config(self) -> dict:
-        return self.run.meta.get("config") or {}
+        return self.meta.get("config") or {}
 
     @property
     def world_size(self) -> int:
@@ -75,13 +73,81 @@ class RunContext:
 
     @property
     def device(self) -> dict:
-        """The run's first device, as the summary describes it ({} when none was recorded)."""
-        return primary_device(self.run.meta)
+        """The first device, as the summary describes it ({} when none was recorded)."""
+        return primary_device(self.meta)
 
     @property
     def has_tensor_cores(self) -> bool:
         capability = parse_capability(self.device.get("capability"))
         return self.on_gpu and capability is not None and capability >= TENSOR_CORE_MIN_CAPABILITY
+
+    @property
+    def device_figures(self) -> dict:
+        """`DEVICE_FIGURES` over the measured device samples (None where unknown)."""
+        return self.summary.device_figures
+
+    def memo(self, key: str, compute):
+        """`compute()`, computed once per context for views that more than one rule derives."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def loop(self, part: str) -> dict:
+        """What capture saw of the training loop itself: meta["loop"][part] for part in model,
+        optimizer, loader, torch ({} when not recorded, as in a bare trace); rules read the loop here."""
+        facts = (self.meta.get("loop") or {}).get(part)
+        return facts if isinstance(facts, dict) else {}
+
+    def config_value(self, *keys: str):
+        """The first of `keys` present in the run's config (workloads name their knobs differently).
+        Evidence only: a user's loop has no such config, so no rule may fire on it alone."""
+        return next((self.config[key] for key in keys if key in self.config), None)
+
+    @property
+    def device_trace(self):
+        """The trace analyzer when the traces hold device (GPU) activity, else None."""
+        trace = self.trace
+        return trace if trace is not None and trace.has_device_activity else None
+
+
+@dataclass
+class TraceContext(Context):
+    """A bare torch.profiler trace (one rank's, or several ranks of one window) as the rules see it:
+    `trace` is its analyzer, `summary` the step times it records (`trace_summary`), `meta` its devices."""
+
+    trace: object
+    summary: RunSummary
+    trace_meta: dict
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    bare_trace = True
+
+    @property
+    def meta(self) -> dict:
+        return self.trace_meta
+
+    @property
+    def gradient_accumulation(self) -> bool | None:
+        return None  # a trace does not say how many micro-batches make a step
+
+
+@dataclass
+class RunContext(Context):
+    run: object
+    summary: RunSummary
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, run) -> "RunContext":
+        return cls(run=run, summary=summarize(run, DEVICE_FIGURES))
+
+    @property
+    def meta(self) -> dict:
+        return self.run.meta
+
+    @property
+    def gradient_accumulation(self) -> bool:
+        """Whether a measured step ran more than one micro-batch."""
+        return bool(self.measured({"most": q.maximum("micro_batches")})["most"].iloc[0] > 1)
 
     # Data access: the run's streams are aggregated out of core (run.query); rules never load
     # every row of every rank, which at hundreds of ranks does not fit in memory.
@@ -101,11 +167,6 @@ class RunContext:
     @cached_property
     def _measured_device_rows(self) -> list:
         return [q.device_rows(), *measured_samples(self.run.query, self.summary.warmup)]
-
-    @property
-    def device_figures(self) -> dict:
-        """`DEVICE_FIGURES` over the measured device samples (None where unknown)."""
-        return self.summary.device_figures
 
     def device_samples(self, aggregates: dict) -> dict:
         """`aggregates` over the device rows of the system samples taken during measured steps."""
@@ -134,23 +195,6 @@ class RunContext:
         """Per-layer gradient norms of the lowest rank."""
         return self.run.query.rank_frame("layers", self.first_rank if self.first_rank is not None else 0)
 
-    def memo(self, key: str, compute):
-        """`compute()`, computed once per run for views that more than one rule derives."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
-
-    def loop(self, part: str) -> dict:
-        """What capture saw of the training loop itself: meta["loop"][part] for part in model,
-        optimizer, loader, torch ({} when the run did not record it); rules read the loop here."""
-        facts = (self.run.meta.get("loop") or {}).get(part)
-        return facts if isinstance(facts, dict) else {}
-
-    def config_value(self, *keys: str):
-        """The first of `keys` present in the run's config (workloads name their knobs differently).
-        Evidence only: a user's loop has no such config, so no rule may fire on it alone."""
-        return next((self.config[key] for key in keys if key in self.config), None)
-
     def events_of(self, *kinds: str) -> pd.DataFrame:
         events = self.run.events
         if events.empty or "kind" not in events.columns:
@@ -170,7 +214,24 @@ class RunContext:
             log.warning("traces of %s not analysed, trace-based rules skipped: %s", self.summary.path, error)
             return None
 
-    @cached_property
-    def device_trace(self):
-        """The trace analyzer when the traces hold device (GPU) activity, else None."""
-        return self.trace if self.trace is not None and self.trace.has_device_activity else None
+
+def trace_meta(analysis) -> dict:
+    """What a bare trace records of the run's world and devices, in the run meta's keys: Kineto's
+    `distributedInfo` and `deviceProperties` (CUDA and ROCm alike are torch's "cuda" devices)."""
+    ranks = list(analysis.trace.ranks.values())
+    first = ranks[0]
+    properties = first.device_properties[0] if first.device_properties else {}
+    device = {"kind": "cuda" if analysis.has_device_activity else "cpu", "name": properties.get("name")}
+    if "computeMajor" in properties:
+        device["capability"] = f"{properties['computeMajor']}.{properties.get('computeMinor', 0)}"
+    if properties.get("totalGlobalMem"):
+        device["total_memory_bytes"] = int(properties["totalGlobalMem"])
+    world_size = max((rank.world_size or 0 for rank in ranks), default=0) or len(ranks)
+    return {"world_size": world_size, "devices": [device], "distributed": {"backend": first.backend}}
+
+
+def trace_context(analysis, name: str, path: str) -> TraceContext:
+    """The rules' view of a bare trace (`analysis`, a TraceAnalysis)."""
+    meta = trace_meta(analysis)
+    return TraceContext(trace=analysis, summary=trace_summary(name, path, analysis.step_breakdown(), meta,
+                                                              DEVICE_FIGURES), trace_meta=meta)

@@ -4,6 +4,8 @@ A rule is a function `check(ctx: RunContext) -> Finding | list[Finding] | None`,
 its own module under `gpuprof/diagnoses/rules/`, registered with its category (what bound of
 the step it speaks to, `CATEGORIES`), which every finding it returns carries. A rule marked
 `gpu_only` needs a fact only a GPU run records (tensor cores, NVML samples) and is not run on CPU runs.
+A rule marked `on_trace` reads only what a bare torch.profiler trace records (`TraceContext`): it
+runs on runs and on traces alike, written once; the others run on gpuprof runs only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pkgutil
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from gpuprof.diagnoses.context import RunContext
+from gpuprof.diagnoses.context import Context, RunContext
 from gpuprof.diagnoses.finding import CATEGORIES, Finding
 
 log = logging.getLogger(__name__)
@@ -24,11 +26,12 @@ log = logging.getLogger(__name__)
 class Rule:
     id: str
     category: str
-    check: Callable[[RunContext], "Finding | list[Finding] | None"]
+    check: Callable[[Context], "Finding | list[Finding] | None"]
     gpu_only: bool
+    on_trace: bool = False
 
-    def findings(self, ctx: RunContext) -> list[Finding]:
-        if self.gpu_only and not ctx.on_gpu:
+    def findings(self, ctx: Context) -> list[Finding]:
+        if (self.gpu_only and not ctx.on_gpu) or (ctx.bare_trace and not self.on_trace):
             return []
         result = self.check(ctx)
         if result is None:
@@ -40,15 +43,16 @@ class Rule:
 RULES: dict[str, Rule] = {}
 
 
-def rule(rule_id: str, category: str, *, gpu_only: bool = False):
-    """Register `check` under `rule_id` (kebab-case, stable: it appears in --json output) in `category`."""
+def rule(rule_id: str, category: str, *, gpu_only: bool = False, on_trace: bool = False):
+    """Register `check` under `rule_id` (kebab-case, stable: it appears in --json output) in `category`;
+    `on_trace`: it also runs on a bare trace."""
     if category not in CATEGORIES:
         raise ValueError(f"rule {rule_id!r}: category must be one of {CATEGORIES}, got {category!r}")
 
     def register(check):
         if rule_id in RULES:
             raise ValueError(f"rule {rule_id!r} registered twice")
-        RULES[rule_id] = Rule(rule_id, category, check, gpu_only)
+        RULES[rule_id] = Rule(rule_id, category, check, gpu_only, on_trace)
         return check
 
     return register
@@ -71,7 +75,7 @@ def diagnose(run, *, strict: bool = False) -> list[Finding]:
     return diagnose_context(RunContext.of(run), strict=strict)
 
 
-def diagnose_context(ctx: RunContext, *, strict: bool = False) -> list[Finding]:
+def diagnose_context(ctx: Context, *, strict: bool = False) -> list[Finding]:
     findings = []
     for registered in all_rules():
         try:

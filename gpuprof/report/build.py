@@ -70,6 +70,8 @@ class Report:
     blame_chain: pd.DataFrame
     # What the reader had to skip (a torn last line, a damaged rank file), for people.
     notes: tuple[str, ...] = ()
+    # A gpuprof run (a bare trace's report, trace_report.TraceReport, is the other kind presenters show).
+    bare_trace = False
 
     @property
     def name(self) -> str:

@@ -1,10 +1,11 @@
 """The verdict of a run: what bounds its step, why (the measured share), and what to do next.
 
 Each share of step time comes from the signal that measures it:
-- input: the data phase (phase timings), else a device trace's data-loader time;
+- input: the data phase (phase timings), else a trace's data-loader time;
 - communication: a trace window (collectives hide inside backward in the phase timings);
 - compute, host/launch, memory copies: a device trace on a GPU (NVML utilization for one GPU
-  without a trace); the forward/backward/optimizer and `other` phases on a CPU.
+  without a trace); the forward/backward/optimizer and `other` phases on a CPU, else a CPU trace
+  (its host ops are the compute): a bare trace's verdict reads every share from the trace.
 Critical numerics or memory trouble bounds the run whatever the timings say. A bound other than
 compute is named when its share reaches `BOUND_MIN_SHARE_PCT`; otherwise the step is bound by
 its compute, once every other bound was measured. Where one was not, the verdict names the
@@ -73,6 +74,11 @@ HOW_TO_RECORD = {
                     "gpuprof train --trace-steps 10:12",
     "device metrics": "NVML device samples: an NVIDIA GPU with nvidia-ml-py installed, and gpuprof.profile's "
                       "sample_interval_s left on (by default every 0.1 s where a GPU is sampled)",
+    # Not a verdict's: what the dashboard's pages need beyond a bare trace.
+    "numerics": "loss, gradient norms and NaN/Inf checks per step: prof.step(loss=loss); a non-finite step is "
+                "then blamed on its module and op, with a bundle to replay",
+    "memory snapshots": "CUDA memory snapshots: prof.memory_snapshot() in the loop (memory_history=True for the "
+                        "allocation timeline), and one on every out-of-memory error",
 }
 
 
@@ -155,8 +161,9 @@ def step_shares(summary, trace_steps: pd.DataFrame, device_trace: bool) -> tuple
     if not trace_steps.empty:
         trace = trace_shares(trace_steps, device_trace)
         take(trace, "trace window", ("communication",))
-        if device_trace:
-            take(trace, "device trace", [b for b in ("input", "host", "memory", "compute") if b not in shares])
+        # A CPU trace's host ops are the compute: it measures every bound the phases did not.
+        bounds = ("input", "host", "memory", "compute") if device_trace else ("input", "host", "compute")
+        take(trace, "device trace" if device_trace else "CPU trace", [b for b in bounds if b not in shares])
     if on_gpu and "compute" not in shares and summary.world_size == 1 and summary.gpu_util_mean_pct is not None:
         busy = summary.gpu_util_mean_pct
         take({"compute": busy, "host": 100 - busy}, "NVML utilization", ("compute", "host"))

@@ -57,6 +57,32 @@ def find_run_dirs(root: str | os.PathLike, max_depth: int = 3) -> list[Path]:
     return sorted(meta_path.parent for meta_path in _find_run_metas(root, max_depth))
 
 
+# The files torch.profiler.tensorboard_trace_handler writes, one per worker and span.
+PLUGIN_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+def find_trace_dirs(root: str | os.PathLike, max_depth: int = 3) -> list[Path]:
+    """The folders under `root` (itself included) that hold plain torch.profiler traces as the TensorBoard
+    plugin read them (`*.pt.trace.json[.gz]` files, one per worker and span), outside any gpuprof run."""
+    root = Path(root)
+    found = []
+
+    def visit(folder: Path, depth: int) -> None:
+        if (folder / schema.RUN_META).is_file():
+            return
+        children = sorted(folder.iterdir())
+        if any(child.is_file() and child.name.endswith(PLUGIN_TRACE_SUFFIXES) for child in children):
+            found.append(folder)
+        if depth:
+            for child in children:
+                if child.is_dir() and not child.name.startswith("."):
+                    visit(child, depth - 1)
+
+    if root.is_dir():
+        visit(root, max_depth)
+    return found
+
+
 def run_signature(path: str | os.PathLike) -> tuple:
     """Name, size and mtime of every file of the run at `path` (its folder and two levels below:
     rank folders, trace windows): it changes whenever the run is written, so it keys caches."""

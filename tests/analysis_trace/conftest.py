@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+# Beside the checkout (/work/main -> /work/shared/traces), or where GPUPROF_SHARED_TRACES says (a worktree).
+SHARED_TRACES = Path(os.environ.get("GPUPROF_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
 
 
 @pytest.fixture
@@ -81,3 +83,4 @@ def cpu_profiler_trace(tmp_path_factory) -> Path:
             optimizer.step()
             prof.step()
     return path
+

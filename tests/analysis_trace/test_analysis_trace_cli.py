@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from gpuprof.cli import main
-from gpuprof.cli.trace import SCHEMA, SCHEMA_VERSION, TABLES
+from gpuprof.analysis.trace.tables import TABLE_TITLES as TABLES
+from gpuprof.report.trace_report import SCHEMA, SCHEMA_VERSION
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from gpuprof.analysis.trace import TraceAnalysis, jsonstream
 from gpuprof.analysis.trace.loader import load_trace
 from gpuprof.analysis.trace.ranks import analysis_tables
-from gpuprof.cli.trace import TABLES
+from gpuprof.analysis.trace.tables import TABLE_TITLES as TABLES
 from gpuprof.errors import TraceFormatError
 
 

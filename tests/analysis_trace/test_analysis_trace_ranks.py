@@ -16,7 +16,7 @@ import pytest
 
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.ranks import analyze_ranks
-from gpuprof.cli.trace import TABLES
+from gpuprof.analysis.trace.tables import TABLE_TITLES as TABLES
 
 WORLD = 128
 SHARED_WORLD = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "sampled_world128"

@@ -84,7 +84,9 @@ PAGE_STATE = """() => ({
   tables: document.querySelectorAll('[data-testid="stDataFrame"]').length,
   running: document.querySelectorAll('[data-testid="stStatusWidget"]').length,
   failures: document.querySelectorAll('[data-testid="stException"], [data-testid="stAlertContentError"]').length,
-  text: document.body.innerText})"""
+  text: document.body.innerText + ' | ' + Array.from(document.querySelectorAll('[role="gridcell"]'))
+    .map(cell => cell.textContent).join(' | ')})"""
+# (Tables are drawn on a canvas: their cells' text is in the grid's accessible cells, not in innerText.)
 
 
 def rendered(page, charts: int, tables: int, texts: list[str]) -> dict:
@@ -149,3 +151,38 @@ def test_every_page_renders_its_charts_and_tables_in_chromium(sample_root, snaps
     image = Image.open(io.BytesIO(screenshot)).convert("L")
     low, high = image.getextrema()
     assert high - low > 100, "the screenshot is blank"
+
+
+# A folder of plain traces beside a gpuprof run: (page, runs, charts, tables, texts).
+TRACE_PAGES = (
+    ("Runs", (), 0, 1, ["plain trace", "gpuprof run", "Bound by input"]),
+    ("Run", ("no_workers",), 1, 0, ["Bound by input", "waiting for the next batch", "only a gpuprof run records"]),
+    ("Trace", ("no_workers",), 1, 5, ["Step time breakdown", "Timeline of a step"]),
+    ("Distributed", ("workers",), 0, 0, ["single process"]),
+    ("Compare", ("no_workers", "workers"), 2, 1, ["Bound by input", "Step time breakdown"]),
+)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
+def test_a_folder_of_plain_traces_shows_its_verdicts_in_chromium(sample_root, plugin_traces, tmp_path):
+    root = tmp_path / "logs"
+    shutil.copytree(sample_root / "baseline", root / "baseline")
+    for name in ("no_workers", "workers"):
+        shutil.copytree(plugin_traces[name], root / name)
+    server, _, url = start_dashboard(str(root))
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.set_default_timeout(RENDER_TIMEOUT_S * 1000)
+            shown = {}
+            for name, runs, charts, tables, texts in TRACE_PAGES:
+                page.goto(f"{url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
+                shown[name] = rendered(page, charts, tables, texts)
+            browser.close()
+    finally:
+        assert stop_with_ctrl_c(server) == 0
+    assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
+    runs_text = shown["Runs"]["text"]
+    assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text

@@ -34,7 +34,8 @@ GPU_META = {
     "config": {},
 }
 STEP_TIME_S = 0.2
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+# Beside the checkout (/work/main -> /work/shared/traces), or where GPUPROF_SHARED_TRACES says (a worktree).
+SHARED_TRACES = Path(os.environ.get("GPUPROF_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
 
 
 def healthy_step(step: int) -> dict:

@@ -279,6 +279,18 @@ def primary_device(meta: dict) -> dict:
     return devices[0] or {}
 
 
+def step_time_figures(measured_times: pd.Series) -> dict:
+    """Percentiles, mean and coefficient of variation of the measured step times, in seconds."""
+    mean_s = float(measured_times.mean()) if len(measured_times) else None
+    return {
+        "step_time_p50_s": percentile(measured_times, 50),
+        "step_time_p90_s": percentile(measured_times, 90),
+        "step_time_p99_s": percentile(measured_times, 99),
+        "step_time_mean_s": mean_s,
+        "step_time_cv": float(measured_times.std(ddof=0) / mean_s) if mean_s else None,
+    }
+
+
 def summarize(run, device_figures: dict | None = None) -> RunSummary:
     """The run's headline figures, after leaving out warm-up steps (see `detect_warmup`), and the
     `device_figures` (name -> aggregate) over the measured device samples.
@@ -288,7 +300,6 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
     times = run_step_times(query)
     warmup = detect_warmup(times)
     measured_times = after_warmup_times(times, warmup)
-    mean_s = float(measured_times.mean()) if len(measured_times) else None
     measured = _figures(query, MEASURED_FIGURES, measured_steps(warmup)) if len(times) else dict.fromkeys(MEASURED_FIGURES)
     whole = _figures(query, WHOLE_RUN_FIGURES) if len(times) else dict.fromkeys(WHOLE_RUN_FIGURES)
     samples = measured_sample_figures(query, warmup, device_figures or {})
@@ -302,11 +313,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         device_name=device.get("name"),
         n_steps=len(times),
         warmup=warmup,
-        step_time_p50_s=percentile(measured_times, 50),
-        step_time_p90_s=percentile(measured_times, 90),
-        step_time_p99_s=percentile(measured_times, 99),
-        step_time_mean_s=mean_s,
-        step_time_cv=float(measured_times.std(ddof=0) / mean_s) if mean_s else None,
+        **step_time_figures(measured_times),
         tokens_per_s=throughput_tokens_per_s(measured["tokens"], float(measured_times.sum())),
         mfu=measured["mfu"],
         flops_per_s=measured["flops_per_s"],
@@ -321,4 +328,29 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         step_times=times,
         missing_ranks=query.missing_ranks,
         device_figures={name: samples[f"device:{name}"] for name in device_figures or {}},
+    )
+
+
+TRACE_WARMUP_REASON = "a trace window: the profiler's schedule (wait, warmup) keeps warm-up steps out of it"
+
+
+def trace_summary(name: str, path: str, step_breakdown: pd.DataFrame, meta: dict, device_figures=()) -> RunSummary:
+    """The summary of a bare trace: its profiler steps' times (the slowest rank's, as a run's), its
+    devices and ranks (`meta`, as the trace records them); everything only a gpuprof run records, the
+    `device_figures` (names) included, is unknown (None), its counts zero."""
+    steps = step_breakdown
+    times = (steps.groupby("step")["step_time_us"].max().sort_index() / 1e6) if not steps.empty else pd.Series(dtype=float)
+    device = primary_device(meta)
+    unknown = dict.fromkeys(WHOLE_RUN_FIGURES)
+    return RunSummary(
+        name=name, path=path, status=None,
+        world_size=int(meta.get("world_size") or 1),
+        device_kind=device.get("kind") or "cpu", device_name=device.get("name"),
+        n_steps=len(times), warmup=Warmup(0, TRACE_WARMUP_REASON, int(times.index[0]) if len(times) else 0),
+        **step_time_figures(times),
+        tokens_per_s=None, mfu=None, flops_per_s=None,
+        peak_mem_allocated_bytes=None, peak_mem_reserved_bytes=None, peak_rss_bytes=None,
+        device_mem_total_bytes=device.get("total_memory_bytes"), gpu_util_mean_pct=None,
+        phase_split_pct=dict.fromkeys(PHASES), health=health(unknown), per_rank=pd.DataFrame(),
+        step_times=times, device_figures=dict.fromkeys(device_figures),
     )

@@ -32,6 +32,8 @@ from gpuprof.errors import TraceFormatError
 TRACE_SUFFIXES = (".json", ".json.gz")
 MAX_TIME_US = 1e17  # about 3,000 years: anything larger is not a timestamp
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+# tensorboard_trace_handler's file names: WORKER.TIMESTAMP.pt.trace.json[.gz] (ms in torch 1.x, ns since).
+PLUGIN_FILE_RE = re.compile(r"^(?P<worker>.+)\.(?P<timestamp>\d+)\.pt\.trace\.json(\.gz)?$")
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -109,6 +111,22 @@ def trace_files(path) -> list[Path]:
     if not files:
         raise TraceFormatError("no trace files given")
     return files
+
+
+def trace_spans(files: list[Path]) -> list[list[Path]]:
+    """The files of one folder as trace windows ("spans"), each a list of one file per worker (rank):
+    tensorboard_trace_handler writes a file per worker each time the profiler's schedule completes a
+    cycle, so a worker's n-th file (by timestamp) is the n-th span. Files not named by the handler,
+    or one file per worker, are one window."""
+    matched = [PLUGIN_FILE_RE.match(file.name) for file in files]
+    if not all(matched):
+        return [list(files)]
+    by_worker: dict[str, list[tuple[int, Path]]] = {}
+    for match, file in zip(matched, files):
+        by_worker.setdefault(match["worker"], []).append((int(match["timestamp"]), file))
+    ordered = [[file for _, file in sorted(items)] for items in by_worker.values()]
+    n_spans = max(len(worker_files) for worker_files in ordered)
+    return [[worker_files[span] for worker_files in ordered if span < len(worker_files)] for span in range(n_spans)]
 
 
 def load_trace(path, fallback_rank: int | None = None) -> Trace:

@@ -42,6 +42,8 @@ class RankResults:
     has_device_activity: bool
     missing_ranks: list[int] = field(default_factory=list)
     unreadable: list[dict] = field(default_factory=list)
+    # What analyze_ranks' `per_rank` returned for each readable rank.
+    extras: dict = field(default_factory=dict)
 
 
 def default_jobs(n_files: int) -> int:
@@ -49,8 +51,9 @@ def default_jobs(n_files: int) -> int:
 
 
 def analyze_rank_file(file: str, position: int, n_files: int, include_last_step: bool, table_names: tuple,
-                      top: int) -> dict:
-    """One rank's tables (the worker's task); a file that cannot be read comes back as an error, not a raise."""
+                      top: int, per_rank=None) -> dict:
+    """One rank's tables (the worker's task), and `per_rank(analysis)` when given (a module-level function:
+    it travels to the worker by name); a file that cannot be read comes back as an error, not a raise."""
     from gpuprof.analysis.trace.analysis import TraceAnalysis
 
     try:
@@ -65,6 +68,7 @@ def analyze_rank_file(file: str, position: int, n_files: int, include_last_step:
         "base_ts_us": analysis.trace.base_ts_us,
         "has_device_activity": analysis.has_device_activity,
         "tables": tables,
+        "extra": per_rank(analysis) if per_rank is not None else None,
     }
 
 
@@ -75,15 +79,17 @@ def analysis_tables(analysis, table_names, top: int) -> dict[str, pd.DataFrame]:
 
 
 def analyze_ranks(path, *, table_names: tuple, jobs: int | None = None, scheduler: str | None = None,
-                  include_last_step: bool = False, top: int = 10) -> RankResults:
-    """Every rank's tables, analysed `jobs` files at a time (or on the Dask cluster at `scheduler`), merged."""
+                  include_last_step: bool = False, top: int = 10, per_rank=None) -> RankResults:
+    """Every rank's tables, analysed `jobs` files at a time (or on the Dask cluster at `scheduler`), merged;
+    `per_rank(analysis)`, run beside them on each rank's analysis, lands in `RankResults.extras`."""
     from gpuprof.analysis.trace.loader import trace_files
 
     files = [str(file) for file in trace_files(path)]
-    per_rank = [name for name in table_names if name not in CROSS_RANK_TABLES]
-    if "step_breakdown" not in per_rank:
-        per_rank.append("step_breakdown")
-    tasks = [(file, position, len(files), include_last_step, tuple(per_rank), top) for position, file in enumerate(files)]
+    per_rank_tables = [name for name in table_names if name not in CROSS_RANK_TABLES]
+    if "step_breakdown" not in per_rank_tables:
+        per_rank_tables.append("step_breakdown")
+    tasks = [(file, position, len(files), include_last_step, tuple(per_rank_tables), top, per_rank)
+             for position, file in enumerate(files)]
     if scheduler:
         results = _on_dask(scheduler, tasks)
     else:
@@ -142,6 +148,7 @@ def _merge(results: list[dict], table_names: tuple) -> RankResults:
         has_device_activity=any(r["has_device_activity"] for r in readable),
         missing_ranks=_missing(ranks, tables.get("overview")),
         unreadable=unreadable,
+        extras={r["rank"]: r["extra"] for r in readable},
     )
 
 

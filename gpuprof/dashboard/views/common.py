@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from gpuprof.report.format import gain_text, value_text
+from gpuprof.report.verdict import HOW_TO_RECORD
 from gpuprof.errors import GpuprofError
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,13 @@ def section(title: str):
         st.error(f"{title}: could not be shown ({type(error).__name__}: {error})")
 
 
-def show_panel(panel) -> None:
+def show_panel(panel, key: str = "") -> None:
+    """`key` tells apart panels of one title on a page (two runs' side by side)."""
     st.subheader(panel.title)
     if panel.figure is None:
         st.info(panel.note)
         return
-    st.plotly_chart(panel.figure, key=f"chart-{panel.title}")
+    st.plotly_chart(panel.figure, key=f"chart-{panel.title}{key}")
     if panel.note:
         st.caption(panel.note)
 
@@ -86,3 +88,11 @@ def show_findings(findings: list) -> None:
                 if isinstance(value, dict):
                     st.caption(key)
                     st.json(value, expanded=False)
+
+
+def show_not_in_a_trace(what: str, signals: tuple[str, ...]) -> None:
+    """On a plain trace's page: `what` needs signals only a gpuprof run records, and how to record them."""
+    how = "; ".join(HOW_TO_RECORD[signal] for signal in signals)
+    st.info(f"This is a plain torch.profiler trace: {what} needs what only a gpuprof run records. "
+            f"Record the loop under gpuprof.profile(...) (or `gpuprof run script.py`) for {how}.",
+            icon=":material/info:")

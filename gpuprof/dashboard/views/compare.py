@@ -6,7 +6,10 @@ from __future__ import annotations
 import streamlit as st
 
 from gpuprof.dashboard import data
-from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel, show_verdict
+from gpuprof.dashboard.charts import trace_steps_panel
+from gpuprof.dashboard.views.common import (
+    need_runs, section, show_findings, show_not_in_a_trace, show_panel, show_verdict,
+)
 from gpuprof.report import compare
 from gpuprof.report.format import fmt_gib, fmt_ratio
 
@@ -49,6 +52,23 @@ def render(root, entries, selected) -> None:
         findings_column(right, "Findings gone in B", comparison.disappeared)
         if comparison.persisted:
             st.caption(f"In both runs: {', '.join(comparison.persisted)}")
+    if entry_a.bare_trace or entry_b.bare_trace:
+        show_traced_steps(entry_a, entry_b)
+        return
     with section("Timelines"):
         for panel in data.overlay_panels(str(entry_a.path), entry_a.signature, str(entry_b.path), entry_b.signature):
             show_panel(panel)
+
+
+def show_traced_steps(*entries) -> None:
+    """Where one side is a plain trace: each side's traced step breakdown, and what overlaid timelines need."""
+    with section("Traced steps"):
+        for label, column, entry in zip("AB", st.columns(2), entries):
+            windows = [window for window in entry.report.trace_windows if window.error is None]
+            with column:
+                st.caption(f"{label} `{entry.name}`")
+                if windows:
+                    show_panel(trace_steps_panel(windows[-1].tables["step_breakdown"]), key=label)
+                else:
+                    st.info("No readable trace window.")
+    show_not_in_a_trace("overlaying step time and throughput over the two runs", ("steps",))

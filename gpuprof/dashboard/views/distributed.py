@@ -8,7 +8,7 @@ from gpuprof.analysis.run.summary import slowest_ranks
 from gpuprof.analysis.trace.tables import TABLE_TITLES
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import rank_phase_panel
-from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel
+from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_not_in_a_trace, show_panel
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 SLOWEST_SHOWN = 10
@@ -25,6 +25,9 @@ def render(root, entries, selected) -> None:
     if summary.world_size <= 1:
         st.info(f"`{entry.name}` ran as a single process: nothing to compare across ranks. "
                 "Record a run under torchrun (e.g. `torchrun --nproc-per-node 2 -m gpuprof train ...`).")
+        return
+    if entry.bare_trace:
+        show_traced_ranks(entry)
         return
     st.caption(f"{summary.world_size} ranks · figures after warm-up ({summary.warmup.reason}).")
     if summary.missing_ranks:
@@ -57,6 +60,18 @@ def render(root, entries, selected) -> None:
         show_communication(entry.report)
 
 
+def show_traced_ranks(entry) -> None:
+    """A plain trace folder's workers as ranks: computation, communication, overlap and waiting per rank."""
+    report = entry.report
+    st.caption(f"{len(report.ranks)} of {report.summary.world_size} ranks traced (one file per worker).")
+    st.subheader("Stragglers and communication")
+    show_findings(report.findings_in("communication"))
+    with section("Communication"):
+        show_communication(report)
+    show_not_in_a_trace("the per-step figures of every rank over the run (heatmaps, slowest ranks by phase)",
+                        ("steps", "phases"))
+
+
 def shorten(ranks: list[int], shown: int = 20) -> str:
     text = ", ".join(map(str, ranks[:shown]))
     return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
@@ -68,7 +83,7 @@ def show_communication(report) -> None:
         st.info(f"This run has no trace window, which communication time needs. "
                 f"Record {HOW_TO_RECORD['trace window']}.")
         return
-    window = report.trace_windows[0]
+    window = report.trace_windows[-1] if report.bare_trace else report.trace_windows[0]
     if window.error is not None:
         st.error(f"Trace window {window.name}: {window.error}")
         return

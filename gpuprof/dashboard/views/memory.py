@@ -11,7 +11,7 @@ import streamlit as st
 from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
 from gpuprof.dashboard import data
 from gpuprof.dashboard.downsample import lttb
-from gpuprof.dashboard.views.common import need_runs, section
+from gpuprof.dashboard.views.common import need_runs, section, show_not_in_a_trace
 from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
 from gpuprof.run.reader import load_run
@@ -75,6 +75,9 @@ def show(snapshot: MemorySnapshot) -> None:
 def pick_snapshot(entry) -> Path | None:
     """The snapshot to show, picked among the run's (the out-of-memory one labelled); None, saying how
     to take one, when the run has none."""
+    if entry.bare_trace:
+        show_not_in_a_trace("the memory of the run", ("memory snapshots",))
+        return None
     files = load_run(entry.path).snapshot_files
     if not files:
         st.info(RECORD_HINT)

@@ -10,7 +10,9 @@ import pandas as pd
 import streamlit as st
 
 from gpuprof.dashboard.charts import loss_panel, scaler_panel
-from gpuprof.dashboard.views.common import escape_markdown, need_runs, section, show_findings, show_panel
+from gpuprof.dashboard.views.common import (
+    escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel,
+)
 from gpuprof.report.format import value_text
 from gpuprof.run.schema import NUMERICS_DIR
 
@@ -64,6 +66,9 @@ def render(root, entries, selected) -> None:
         return
     entry = selected[0]
     st.header(f"Numerics · `{entry.name}`")
+    if entry.bare_trace:
+        show_not_in_a_trace("NaN forensics (where a value first went non-finite)", ("numerics",))
+        return
     report = entry.report
     show_findings(report.findings_in("numerics"))
     with section("Non-finite values"):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from gpuprof.dashboard import data
-from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_panel, show_verdict
+from gpuprof.dashboard.charts import trace_steps_panel
+from gpuprof.dashboard.views.common import (
+    need_runs, section, show_findings, show_not_in_a_trace, show_panel, show_verdict,
+)
 from gpuprof.report.format import device_label, headline_figures, model_label, variant_label
 
 METRIC_HELP = {"Peak memory": "torch's peak allocated on a GPU; the process RSS on a CPU"}
@@ -41,7 +44,18 @@ def render(root, entries, selected) -> None:
     show_verdict(entry.report.verdict)
     st.subheader("Diagnoses")
     show_findings(entry.report.findings)
+    if entry.bare_trace:
+        show_trace_charts(entry)
+        return
     rank = rank_picker(entry, key="run_rank")
     with section("Charts"):
         for panel in data.run_panels(str(entry.path), entry.signature, rank):
             show_panel(panel)
+
+
+def show_trace_charts(entry) -> None:
+    """A plain trace's step breakdown (its latest span), and what the run's timelines would need."""
+    with section("Charts"):
+        show_panel(trace_steps_panel(entry.report.tables["step_breakdown"]))
+    show_not_in_a_trace("step time, throughput, memory and GPU utilization over the run",
+                        ("steps", "device metrics"))

@@ -17,6 +17,7 @@ def _row(entry) -> dict:
     severities = [finding.severity for finding in report.findings]
     return {
         "run": entry.name,
+        "kind": "plain trace" if entry.bare_trace else "gpuprof run",
         "verdict": report.verdict.headline,
         "status": entry.status,
         "device": device_label(meta),

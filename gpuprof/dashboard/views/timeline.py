@@ -16,7 +16,6 @@ from gpuprof.analysis.trace.timeline import StepTimeline, step_timeline, trace_s
 from gpuprof.dashboard import data
 from gpuprof.dashboard.views.common import need_runs, section
 from gpuprof.report.verdict import HOW_TO_RECORD
-from gpuprof.run.reader import load_run
 
 PAGE = "Timeline"
 RECORD_HINT = f"This run has no trace window. Record {HOW_TO_RECORD['trace window']}."
@@ -29,9 +28,8 @@ def timeline_url(run: str, window: str, rank: int, step: int) -> str:
     return "?" + urlencode({"page": PAGE, "run": run, "window": window, "rank": rank, "step": step})
 
 
-def step_links(run: str, files: list[Path], step_breakdown: pd.DataFrame) -> None:
+def step_links(run: str, window: str, step_breakdown: pd.DataFrame) -> None:
     """Under the Trace page's step breakdown: a link to the timeline of each step of each rank."""
-    window = files[0].parent.name
     several_ranks = step_breakdown["rank"].nunique() > 1
     links = [f"[step {step}{f' · rank {rank}' if several_ranks else ''}]({timeline_url(run, window, rank, step)})"
              for rank, step in step_breakdown[["rank", "step"]].drop_duplicates().itertuples(index=False)]
@@ -88,8 +86,9 @@ def show(timeline: StepTimeline) -> None:
 
 
 def pick_window(entry) -> list[Path] | None:
-    """The files of the trace window picked among the run's; None, saying how to record one, when it has none."""
-    windows = load_run(entry.path).trace_windows
+    """The files of the trace window picked among the run's (a plain trace folder's spans); None, saying how
+    to record one, when it has none."""
+    windows = {window.name: window.files for window in entry.report.trace_windows}
     if not windows:
         st.info(RECORD_HINT)
         return None

@@ -79,7 +79,7 @@ def render(root, entries, selected) -> None:
         return
     files = window.files
     from_run = bool(selected) and files[0].is_relative_to(selected[0].path)
-    links = partial(timeline.step_links, selected[0].name, files) if from_run else None
+    links = partial(timeline.step_links, selected[0].name, window.name) if from_run else None
     if window.error is not None:
         st.error(f"Trace analysis: {window.error}")
     else:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
-from gpuprof.run import query as q
 
 EXPOSED_COMM_WARNING_PCT = 10.0
 EXPOSED_COMM_CRITICAL_PCT = 30.0
@@ -23,14 +22,14 @@ def exposed_comm(trace):
     return table
 
 
-@rule("communication-bound", "communication", gpu_only=True)
+@rule("communication-bound", "communication", gpu_only=True, on_trace=True)
 def communication_bound(ctx):
     trace = ctx.device_trace
     table = exposed_comm(trace) if trace is not None else None
     if table is None or table["exposed_pct"].max() < EXPOSED_COMM_WARNING_PCT:
         return None
     worst = table.loc[table["exposed_pct"].idxmax()]
-    accumulation = bool(ctx.measured({"most": q.maximum("micro_batches")})["most"].iloc[0] > 1)
+    accumulation = ctx.gradient_accumulation
     return Finding(
         rule="communication-bound",
         severity="critical" if worst["exposed_pct"] >= EXPOSED_COMM_CRITICAL_PCT else "warning",

@@ -1,7 +1,8 @@
 """Steps that wait for the data loader.
 
 Read from the measured data phase (the time from one step's end to the next step's first
-forward) and, for the fix, the DataLoader capture saw (workers, pinning, prefetch).
+forward), else from a trace's step breakdown (its DataLoader `__next__` spans, as the TensorBoard
+plugin read them), and, for the fix, the DataLoader capture saw (workers, pinning, prefetch).
 """
 
 from __future__ import annotations
@@ -40,11 +41,26 @@ def num_workers(ctx):
     return loader.get("num_workers") if loader else ctx.config_value("num_workers")
 
 
-@rule("dataloader-bound", "input")
-def dataloader_bound(ctx):
-    data_share_pct = ctx.summary.phase_split_pct.get("data")
-    if data_share_pct is None or data_share_pct < DATA_SHARE_WARNING_PCT:
+def data_share(ctx) -> tuple[float, dict] | None:
+    """Share of step time spent waiting for data (pct) and its source: the measured data phase, else the
+    data-loader time of the traced steps; None when neither was recorded."""
+    phase_pct = ctx.summary.phase_split_pct.get("data")
+    if phase_pct is not None:
+        return phase_pct, {"source": "phase timings",
+                           "data_time_p50_s": ctx.measured({"p50": q.quantile("data_time_s", 0.5)})["p50"].iloc[0]}
+    steps = ctx.trace.step_breakdown() if ctx.trace is not None else None
+    if steps is None or steps.empty or not steps["step_time_us"].sum():
         return None
+    share_pct = 100 * float(steps["dataloader_us"].sum() / steps["step_time_us"].sum())
+    return share_pct, {"source": "trace", "data_time_p50_s": float(steps["dataloader_us"].median()) / 1e6}
+
+
+@rule("dataloader-bound", "input", on_trace=True)
+def dataloader_bound(ctx):
+    measured = data_share(ctx)
+    if measured is None or measured[0] < DATA_SHARE_WARNING_PCT:
+        return None
+    data_share_pct, source = measured
     workers = num_workers(ctx)
     return Finding(
         rule="dataloader-bound",
@@ -52,7 +68,7 @@ def dataloader_bound(ctx):
         title=f"{data_share_pct:.0f}% of step time is spent waiting for the next batch",
         evidence={
             "data_share_pct": data_share_pct,
-            "data_time_p50_s": ctx.measured({"p50": q.quantile("data_time_s", 0.5)})["p50"].iloc[0],
+            **source,
             "step_time_p50_s": ctx.summary.step_time_p50_s,
             "num_workers": workers,
             "loader": ctx.loop("loader") or None,

@@ -25,7 +25,11 @@ BYTES_PER_DTYPE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 
 
 def sharding(ctx) -> dict | None:
-    """What capture found on the model objects (DTensor parameters, FSDP2 units); None when unsharded."""
+    """What capture found on the model objects (DTensor parameters, FSDP2 units); in a bare trace, the
+    all-gathers and reduce-scatters it holds; None when unsharded."""
+    if ctx.bare_trace:
+        kinds = ctx.trace.collective_times()["collective"]
+        return {"seen_in": "trace collectives"} if kinds.isin(SHARDED_KINDS).any() else None
     return (ctx.meta.get("distributed") or {}).get("sharding") or None
 
 
@@ -60,7 +64,7 @@ def _worst_rank(table):
     return table.loc[table["exposed_pct"].idxmax()]
 
 
-@rule("fsdp-exposed-collectives", "communication")
+@rule("fsdp-exposed-collectives", "communication", on_trace=True)
 def exposed_collectives(ctx):
     table = collective_table(ctx) if sharding(ctx) is not None else None
     if table is None or table["exposed_pct"].max() < EXPOSED_WARNING_PCT:
@@ -86,7 +90,7 @@ def exposed_collectives(ctx):
     )
 
 
-@rule("fsdp-prefetch-not-overlapped", "communication", gpu_only=True)
+@rule("fsdp-prefetch-not-overlapped", "communication", gpu_only=True, on_trace=True)
 def prefetch_not_overlapped(ctx):
     table = collective_table(ctx) if sharding(ctx) is not None else None
     if table is None:

@@ -84,7 +84,7 @@ def cpu_host_reads(trace) -> tuple | None:
     return pd.Series({HOST_READ_OP: reads}), n_steps, {"source": "cpu-trace"}, None
 
 
-@rule("host-device-sync", "host")
+@rule("host-device-sync", "host", on_trace=True)
 def host_device_sync(ctx):
     if ctx.trace is None:
         return None

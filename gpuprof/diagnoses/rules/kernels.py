@@ -18,7 +18,7 @@ def worst_rank(frame, column: str):
     return frame.loc[frame[column].idxmax()]
 
 
-@rule("launch-bound", "host", gpu_only=True)
+@rule("launch-bound", "host", gpu_only=True, on_trace=True)
 def launch_bound(ctx):
     trace = ctx.device_trace
     if trace is None:
@@ -54,7 +54,7 @@ def launch_bound(ctx):
     )
 
 
-@rule("pageable-memcpy", "input", gpu_only=True)
+@rule("pageable-memcpy", "input", gpu_only=True, on_trace=True)
 def pageable_memcpy(ctx):
     trace = ctx.device_trace
     if trace is None:

@@ -40,7 +40,7 @@ def trace_tensor_core_pct(ctx) -> float | None:
     return float(100 * share["tensor_core_time_us"].sum() / share["matmul_time_us"].sum())
 
 
-@rule("fp32-matmul", "compute", gpu_only=True)
+@rule("fp32-matmul", "compute", gpu_only=True, on_trace=True)
 def fp32_matmul(ctx):
     if not ctx.has_tensor_cores:
         return None

@@ -18,21 +18,35 @@ MIN_SAMPLES = 5
 LOW_MFU_PCT = 30.0
 # What a well-fed transformer step reaches on one GPU; the gain estimate assumes the fix gets there.
 REACHABLE_MFU_PCT = 40.0
+# The idle causes of gpuprof.analysis.trace.idle, for people.
+IDLE_CAUSES = {"host_wait": "the host to launch the next kernel", "kernel_wait": "back-to-back launch overhead",
+               "other": "other waits (syncs, data, communication)"}
 
 
 def busy_pct(ctx) -> tuple[float, dict] | None:
     """Mean GPU busy share and where it comes from."""
     util = ctx.device_figures
-    if util["gpu_util_samples"] >= MIN_SAMPLES:
+    if (util["gpu_util_samples"] or 0) >= MIN_SAMPLES:
         return util["gpu_util_mean_pct"], {"source": "nvml", "samples": util["gpu_util_samples"]}
     trace = ctx.device_trace
     temporal = trace.temporal_breakdown() if trace is not None else None
     if temporal is None or temporal.empty:
         return None
-    return float(100 - temporal["idle_time_pct"].mean()), {"source": "trace", "ranks": len(temporal)}
+    return float(100 - temporal["idle_time_pct"].mean()), {"source": "trace", "ranks": len(temporal),
+                                                          **idle_by_cause(trace)}
 
 
-@rule("low-gpu-utilization", "host", gpu_only=True)
+def idle_by_cause(trace) -> dict:
+    """The device's idle time in the trace split by cause (HTA's host wait / kernel wait / other),
+    as shares of all idle time, and the main cause."""
+    idle = trace.idle_by_stream().groupby("idle_category")["idle_time_us"].sum()
+    if not idle.sum():
+        return {}
+    shares = {f"idle_{cause}_pct": float(100 * time_us / idle.sum()) for cause, time_us in idle.items()}
+    return {**shares, "idle_mostly": str(idle.idxmax())}
+
+
+@rule("low-gpu-utilization", "host", gpu_only=True, on_trace=True)
 def low_gpu_utilization(ctx):
     measured = busy_pct(ctx)
     if measured is None or measured[0] >= GPU_UTIL_WARNING_PCT:
@@ -43,7 +57,8 @@ def low_gpu_utilization(ctx):
     return Finding(
         rule="low-gpu-utilization",
         severity="critical" if mean_pct < GPU_UTIL_CRITICAL_PCT else "warning",
-        title=f"The GPU is busy only {mean_pct:.0f}% of the time",
+        title=f"The GPU is busy only {mean_pct:.0f}% of the time"
+        + (f", idle mostly for {IDLE_CAUSES[details['idle_mostly']]}" if "idle_mostly" in details else ""),
         evidence={"gpu_busy_pct": mean_pct, **details, "threshold_pct": GPU_UTIL_WARNING_PCT},
         fix=(
             "Find what the GPU waits for: the data loader, host-device syncs or kernel launches "

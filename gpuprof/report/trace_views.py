@@ -1,0 +1,139 @@
+"""The trace analyzer's tables as people read them: one `TableView` (title, headers, text rows) per
+table, for `gpuprof trace` and the dashboard. Only text comes out: presenters lay it out.
+
+Times are microseconds in the tables; headers ending in "ms" show them in milliseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.analysis.trace.tables import TABLE_TITLES
+
+NAME_WIDTH = 70
+
+
+@dataclass(frozen=True)
+class TableView:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+    @property
+    def numeric(self) -> list[bool]:
+        """Per column: whether every cell is a number (presenters right-align those)."""
+        return [all(_looks_numeric(row[position]) for row in self.rows) for position in range(len(self.headers))]
+
+
+def short_name(name: str) -> str:
+    """A kernel or op name without return type, template arguments and parameters."""
+    text = str(name).removeprefix("void ").replace("(anonymous namespace)::", "")
+    cut = min((i for i in (text.find("<"), text.find("(")) if i > 0), default=len(text))
+    text = text[:cut]
+    return text if len(text) <= NAME_WIDTH else text[: NAME_WIDTH - 1] + "…"
+
+
+# Plain views: (column, header).
+COLUMNS = {
+    "temporal_breakdown": [("rank", "rank"), ("kernel_time_us", "kernel time ms"), ("idle_time_pct", "idle %"),
+                           ("compute_time_pct", "compute %"), ("non_compute_time_pct", "non-compute %")],
+    "kernel_type_breakdown": [("rank", "rank"), ("kernel_type", "kernel type"), ("time_us", "time ms"),
+                              ("time_pct", "%")],
+    "top_kernels": [("rank", "rank"), ("kernel_type", "type"), ("name", "kernel"), ("count", "count"),
+                    ("total_us", "total ms"), ("mean_us", "mean µs"), ("max_us", "max µs"), ("total_pct", "%")],
+    "comm_comp_overlap": [("rank", "rank"), ("communication_time_us", "communication ms"),
+                          ("comm_comp_overlap_pct", "overlapped by computation %")],
+    "launch_summary": [("rank", "rank"), ("launches", "launches"), ("short_kernel_pct", "short kernels %"),
+                       ("launch_delay_p50_us", "delay p50 µs"), ("launch_delay_p95_us", "delay p95 µs"),
+                       ("long_launch_delays", "delays >100 µs"), ("cpu_launch_time_us", "launch calls ms")],
+    "tensor_core_share": [("rank", "rank"), ("matmul_time_us", "matmul ms"), ("tensor_core_pct", "tensor-core %"),
+                          ("top_non_tensor_core_kernel", "top kernel without tensor cores")],
+    "rank_spread": [("rank", "rank"), ("steps", "steps"), ("step_time_mean_us", "mean ms"),
+                    ("step_time_p50_us", "p50 ms"), ("step_time_max_us", "max ms"),
+                    ("step_time_vs_median_pct", "vs median %")],
+    "stragglers": [("rank", "rank"), ("work_per_step_us", "work/step ms"),
+                   ("communication_per_step_us", "comm/step ms"), ("work_vs_median_pct", "work vs median %"),
+                   ("communication_vs_median_pct", "comm vs median %"), ("straggler", "straggler")],
+    "top_cpu_ops": [("rank", "rank"), ("name", "op"), ("count", "count"), ("total_us", "total ms"),
+                    ("mean_us", "mean µs")],
+}
+
+
+def cell(value, milliseconds: bool = False) -> str:
+    value = json_safe(value)
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if milliseconds:
+        return f"{value / 1000:,.3f}" if abs(value) < 1000 else f"{value / 1000:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    return short_name(value)
+
+
+def _looks_numeric(text: str) -> bool:
+    return text == "-" or text.lstrip("-")[:1].isdigit()
+
+
+def plain_view(key: str, table) -> TableView:
+    columns = COLUMNS[key]
+    rows = [[cell(row[c], h.endswith(" ms")) for c, h in columns] for row in table.to_dict("records")]
+    return TableView(TABLE_TITLES[key], [h for _, h in columns], rows)
+
+
+def steps_view(table) -> TableView:
+    """Mean over steps, one column per rank: "ms (share of step time)"."""
+    means = table.groupby("rank").mean(numeric_only=True)
+    categories = [c for c in table.columns if c.endswith("_us") and c not in ("start_us", "end_us")]
+    rows = []
+    for column in categories:
+        cells = []
+        for rank in means.index:
+            value, total = means.loc[rank, column], means.loc[rank, "step_time_us"]
+            share = f" ({100 * value / total:.1f} %)" if column != "step_time_us" and total else ""
+            cells.append(f"{value / 1000:,.2f}{share}")
+        rows.append([column.removesuffix("_us").replace("_", " "), *cells])
+    steps = table.groupby("rank").size()
+    headers = ["mean per step, ms"] + [f"rank {r} ({steps[r]} steps)" for r in means.index]
+    return TableView(TABLE_TITLES["step_breakdown"], headers, rows)
+
+
+def syncs_view(table) -> TableView:
+    grouped = table.groupby(["rank", "sync_call", "cpu_op", "innermost_cpu_op"], dropna=False)["dur_us"]
+    summary = grouped.agg(["count", "sum"]).reset_index().sort_values("sum", ascending=False)
+    rows = [[cell(r["rank"]), str(r["sync_call"]), cell(r["cpu_op"]), cell(r["innermost_cpu_op"]), cell(r["count"]),
+             cell(r["sum"])] for r in summary.to_dict("records")]
+    return TableView(TABLE_TITLES["host_device_syncs"], ["rank", "call", "inside op", "innermost op", "count",
+                                                         "total µs"], rows)
+
+
+def idle_view(table) -> TableView:
+    wide = table.pivot_table(index=["rank", "stream"], columns="idle_category", values="idle_time_us", aggfunc="sum")
+    rows = [[cell(rank), cell(stream), *(cell(wide.loc[(rank, stream), c], True) for c in wide.columns)]
+            for rank, stream in wide.index]
+    return TableView(TABLE_TITLES["idle_by_stream"],
+                     ["rank", "stream", *(f"{c.replace('_', ' ')} ms" for c in wide.columns)], rows)
+
+
+SPECIAL_VIEWS = {"step_breakdown": steps_view, "host_device_syncs": syncs_view, "idle_by_stream": idle_view}
+
+
+def table_views(tables: dict) -> list[TableView]:
+    """Every non-empty table but the overview, in report order."""
+    views = []
+    for key in TABLE_TITLES:
+        table = tables.get(key)
+        if key == "overview" or table is None or table.empty:
+            continue
+        views.append(SPECIAL_VIEWS[key](table) if key in SPECIAL_VIEWS else plain_view(key, table))
+    return views
+
+
+def overview_lines(tables: dict) -> list[str]:
+    """One line per rank: events, device events, profiler steps, span and file."""
+    return [f"rank {row['rank']}: {row['events']:,} events, {row['device_events']:,} on the device, "
+            f"{row['profiler_steps']} profiler steps, {row['span_us'] / 1000:,.1f} ms  ({row['file']})"
+            for row in tables["overview"].to_dict("records")]
