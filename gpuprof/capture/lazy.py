@@ -10,6 +10,7 @@ and calls the callables (e.g. CUDA-event timings). CPU tensors are read at once 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Mapping
 
 import torch
@@ -25,11 +26,30 @@ def _to_python(values: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> A
     return values.item() if len(shape) == 0 else values.tolist()
 
 
-def all_finite(value: float | list | None) -> bool | None:
-    """Whether a resolved value (a number or a list of them) is finite; None when there is none."""
-    if value is None:
-        return None
-    return all(map(math.isfinite, value)) if isinstance(value, list) else math.isfinite(value)
+def all_finite(value: float | None) -> bool | None:
+    """Whether a resolved value is finite; None when there is none."""
+    return None if value is None else math.isfinite(value)
+
+
+def one_loss(loss: Any) -> torch.Tensor | float | None:
+    """The step's loss as the one value the steps file and the non-finite flags take: a tensor of several
+    elements (a loss per term, or per sample) and a dict, list or tuple of losses count as their float32
+    sum, non-finite when any term is; a one-element tensor as a 0-d one; a model output by its `.loss`.
+    None for what holds no number. A device tensor stays on the device (no sync)."""
+    if hasattr(loss, "loss") and not isinstance(loss, torch.Tensor):
+        loss = loss.loss  # a Hugging Face ModelOutput is a Mapping of logits too: its loss is the loss
+    if isinstance(loss, Mapping):
+        loss = list(loss.values())
+    if isinstance(loss, (list, tuple)):
+        terms = [term.float() if isinstance(term, torch.Tensor) else term
+                 for term in map(one_loss, loss) if term is not None]
+        return read_if_host(sum(terms[1:], terms[0])) if terms else None
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach()
+        return read_if_host(loss.reshape(()) if loss.numel() == 1 else loss.float().sum())
+    if isinstance(loss, numbers.Real):
+        return float(loss)
+    return None
 
 
 def read_if_host(value: Any) -> Any:

@@ -28,7 +28,7 @@ from gpuprof.capture import environment, oom
 from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.builtin import builtin_collectors
 from gpuprof.capture.collector import CollectorSet, StepState
-from gpuprof.capture.lazy import PendingRecord, all_finite, read_if_host
+from gpuprof.capture.lazy import PendingRecord, all_finite, one_loss
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
 from gpuprof.capture.phases import PhaseHooks
@@ -125,6 +125,7 @@ class Profiler:
         self._pending: deque[tuple[PendingRecord, list]] = deque()
         self._started = self._closed = False
         self._broken = False
+        self._facts: dict[str, Any] = {}  # the collectors' run-level facts for meta.json, as last told
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
         self._joiners: list = []  # collectors with a per-step collective every rank must make
         self._start_unix_s = None
@@ -238,7 +239,7 @@ class Profiler:
     def add_collector(self, collector: Any) -> None:
         """Plugs in a collector; one added after start() gets on_start immediately."""
         self._extra_collectors.append(collector)
-        if self._started and not self._closed:
+        if self._active:
             self.collectors.add(collector)
             self.collectors.call_one(collector, "on_start", self)
 
@@ -271,7 +272,7 @@ class Profiler:
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         if self._backward is not None and self.phase_hooks.backward_unfinished:
             self._backward.attach()  # the parameters it kept watching were not reached this step
-        state = StepState(step=self.step_index, loss=read_if_host(loss), tokens=tokens, batch=batch)
+        state = StepState(step=self.step_index, loss=one_loss(loss), tokens=tokens, batch=batch)
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
             "loss": state.loss, "tokens": tokens,
@@ -339,9 +340,10 @@ class Profiler:
         self._write_meta(status="running")
 
     def _meta(self, status: str, end_unix_s: float | None = None) -> dict[str, Any]:
-        facts = {}
+        facts = dict(self._facts)  # a broken Profiler's collectors are gone: what they said stands
         for part in self.collectors.call("meta", self):
             facts.update(part or {})
+        self._facts = dict(facts)
         return {
             "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION,
             "run_id": self.run_id, "name": self.name, "status": status,
@@ -360,11 +362,21 @@ class Profiler:
         try:
             function(*args)
         except Exception as error:  # noqa: BLE001 - gpuprof must never stop the training loop
-            self._broken = True
             logger.warning("gpuprof: internal error, capture switched off for this run: %r", error, exc_info=True)
             with contextlib.suppress(Exception):
                 self.event(schema.EventKind.PROFILER_DISABLED, f"capture switched off: {error!r}", severity="warning",
                            step=self.step_index, error=repr(error))
+            self._switch_off()
+
+    def _switch_off(self) -> None:
+        """Broken: every hook gpuprof put on the model, the optimizer, autograd and torch comes off now."""
+        if self._broken:
+            return
+        self._broken = True
+        with contextlib.suppress(Exception):
+            if self._backward is not None:
+                self._backward.detach()
+            self.collectors.stop_all(self)
 
     def _collector_failed(self, collector: Any, hook: str, error: BaseException) -> None:
         name = getattr(collector, "name", type(collector).__name__)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+import warnings
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -69,19 +70,26 @@ def all_rules() -> list[Rule]:
 def diagnose(run, *, strict: bool = False) -> list[Finding]:
     """Every finding about `run`, most severe first, then by expected gain.
 
-    A rule that fails on an unexpected run is logged and skipped so one broken rule
-    never hides the others; `strict=True` (tests) raises instead.
+    A rule that fails on an unexpected run is skipped so one broken rule never hides the others,
+    and said: a warning "gpuprof: rule X failed: ..."; `strict=True` (tests) raises instead.
     """
-    return diagnose_context(RunContext.of(run), strict=strict)
+    failures: list[str] = []
+    findings = diagnose_context(RunContext.of(run), strict=strict, failures=failures)
+    for failure in failures:
+        warnings.warn(f"gpuprof: {failure}", stacklevel=2)
+    return findings
 
 
-def diagnose_context(ctx: Context, *, strict: bool = False) -> list[Finding]:
+def diagnose_context(ctx: Context, *, strict: bool = False, failures: list[str]) -> list[Finding]:
+    """The ranked findings; each rule that raised adds "rule X failed: ..." to `failures` (the report
+    shows them in its notes and its verdict)."""
     findings = []
     for registered in all_rules():
         try:
             findings.extend(registered.findings(ctx))
-        except Exception:
+        except Exception as error:  # noqa: BLE001 - one broken rule must not hide the others
             if strict:
                 raise
             log.warning("rule %s failed on %s and was skipped", registered.id, ctx.summary.path, exc_info=True)
+            failures.append(f"rule {registered.id} failed: {type(error).__name__}: {error}")
     return sorted(findings, key=lambda finding: finding.sort_key)

@@ -233,7 +233,7 @@ class _OverflowStreak:
 def _host_float(value: Any) -> float:
     """A watched value read on the host (a CPU tensor: no sync); 0.0 (finite) for one not watched."""
     if isinstance(value, torch.Tensor):
-        return (value if value.dim() == 0 else value.sum()).item()
+        return value.item()
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
@@ -241,7 +241,7 @@ def _device_float(value: Any, zero: torch.Tensor, inf: torch.Tensor) -> torch.Te
     """A watched value as a float32 scalar on the device; a host number (a loss passed as a float) as
     `zero` or `inf` by its finiteness, with no copy to the device; `zero` (finite) for one not watched."""
     if isinstance(value, torch.Tensor):
-        return (value if value.dim() == 0 else value.sum()).detach().to(zero.device, torch.float32)
+        return value.detach().to(zero.device, torch.float32)
     if isinstance(value, (int, float)):
         return zero if math.isfinite(value) else inf
     return zero

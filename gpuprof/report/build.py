@@ -23,7 +23,7 @@ from gpuprof.diagnoses.context import RunContext
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.errors import GpuprofError
-from gpuprof.report.verdict import Verdict, decide
+from gpuprof.report.verdict import Verdict, decide, with_failed_rules
 from gpuprof.run.reader import Run, load_run, run_signature
 from gpuprof.run.schema import EventKind
 
@@ -68,7 +68,8 @@ class Report:
     # events of the steps leading to the first of them.
     blames: pd.DataFrame
     blame_chain: pd.DataFrame
-    # What the reader had to skip (a torn last line, a damaged rank file), for people.
+    # Rules that failed ("rule X failed: ..."), then what the reader had to skip (a torn last line, a
+    # damaged rank file), for people.
     notes: tuple[str, ...] = ()
     # A gpuprof run (a bare trace's report, trace_report.TraceReport, is the other kind presenters show).
     bare_trace = False
@@ -102,14 +103,16 @@ def _report(path: str, signature: tuple) -> Report:
         warnings.simplefilter("always")
         run = load_run(path)
         context = RunContext.of(run)
-        findings = diagnose_context(context)
+        failed_rules: list[str] = []
+        findings = diagnose_context(context, failures=failed_rules)
         windows = trace_windows(context)
         events = run.query.frame("events")
-    notes = tuple(dict.fromkeys(str(w.message) for w in caught if "gpuprof" in str(w.message)))
+    read_notes = [str(w.message) for w in caught if "gpuprof" in str(w.message)]
+    notes = tuple(dict.fromkeys([*failed_rules, *read_notes]))
     blames = events[events["kind"] == EventKind.NONFINITE]
+    verdict = with_failed_rules(decide(context.summary, findings, *traced_steps(windows), run.meta), failed_rules)
     return Report(
-        run=run, signature=signature, summary=context.summary,
-        verdict=decide(context.summary, findings, *traced_steps(windows), run.meta), findings=findings,
+        run=run, signature=signature, summary=context.summary, verdict=verdict, findings=findings,
         trace_windows=windows, blames=blames, blame_chain=blame_chain(events, blames), notes=notes,
     )
 

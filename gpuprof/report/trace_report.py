@@ -26,7 +26,7 @@ from gpuprof.diagnoses.context import DEVICE_FIGURES, trace_context, trace_meta
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.report.build import CACHED_REPORTS, TraceWindow, trace_window
-from gpuprof.report.verdict import Verdict, decide
+from gpuprof.report.verdict import Verdict, decide, with_failed_rules
 from gpuprof.run.reader import run_signature
 
 SCHEMA = "gpuprof.trace"
@@ -97,7 +97,9 @@ class TraceReport:
 def rank_findings(analysis) -> dict:
     """One rank's trace-based findings and what its trace records of devices and world (the worker's part)."""
     name = str(analysis.trace.ranks[analysis.ranks[0]].path)
-    return {"findings": diagnose_context(trace_context(analysis, name, name)), "meta": trace_meta(analysis)}
+    failures: list[str] = []
+    findings = diagnose_context(trace_context(analysis, name, name), failures=failures)
+    return {"findings": findings, "failures": failures, "meta": trace_meta(analysis)}
 
 
 def build_trace_report(path, *, include_last_step: bool = False, top: int = TOP_ROWS, jobs: int | None = None,
@@ -116,12 +118,13 @@ def build_trace_report(path, *, include_last_step: bool = False, top: int = TOP_
     steps = result.tables["step_breakdown"]
     summary = trace_summary(Path(path).name, str(path), steps, meta, DEVICE_FIGURES)
     findings = worst_per_rule({rank: extra["findings"] for rank, extra in zip(result.ranks, per_rank)})
+    failed_rules = list(dict.fromkeys(failure for extra in per_rank for failure in extra["failures"]))
+    verdict = with_failed_rules(decide(summary, findings, steps, result.has_device_activity, meta), failed_rules)
     return TraceReport(
-        path=str(path), files=files, summary=summary,
-        verdict=decide(summary, findings, steps, result.has_device_activity, meta), findings=findings,
+        path=str(path), files=files, summary=summary, verdict=verdict, findings=findings,
         tables=result.tables, ranks=result.ranks, has_device_activity=result.has_device_activity,
         include_last_step=include_last_step, missing_ranks=result.missing_ranks, unreadable=result.unreadable,
-        spans=spans, notes=notes(result, spans, include_last_step), meta=meta,
+        spans=spans, notes=failed_rules + notes(result, spans, include_last_step), meta=meta,
     )
 
 

@@ -14,7 +14,7 @@ missing signal and how to record it instead of guessing.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
@@ -121,6 +121,14 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     if signal is not None:
         return unmeasured(signal, summary, shares)
     return measured("compute", shares["compute"], sources["compute"], findings, meta)
+
+
+def with_failed_rules(verdict: Verdict, failures: list[str]) -> Verdict:
+    """The verdict saying which rules failed: their findings are missing from what it weighed."""
+    if not failures:
+        return verdict
+    said = "; ".join(failures)
+    return replace(verdict, why=f"{verdict.why} Incomplete: {said} (its findings are missing from this verdict).")
 
 
 def critical_trouble(summary, findings: list) -> Verdict | None:

@@ -150,3 +150,21 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == f"gpuprof dashboard: error: {message.format(tmp=tmp_path)}"
+
+
+def test_a_rule_that_raises_is_said_on_the_run_page(sample_root, tmp_path, open_page):
+    from gpuprof.diagnoses import rule
+    from gpuprof.diagnoses.registry import RULES
+
+    @rule("test-always-fails", "host")
+    def always_fails(ctx):
+        raise RuntimeError("boom")
+
+    try:
+        shutil.copytree(sample_root / "baseline", tmp_path / "baseline")
+        app = open_page(tmp_path, "Run", ("baseline",))
+    finally:
+        RULES.pop("test-always-fails")
+    said = [text for text in texts(app.warning) + texts(app.info) if "failed: RuntimeError: boom" in text]
+    assert len(said) == 2, said  # the note, and the verdict's why
+    assert any(text.startswith("rule test-always-fails failed") for text in said), said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuprof.diagnoses import CATEGORIES, SEVERITIES, Finding, diagnose, rule
+from gpuprof.cli import main
 from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.report import build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,21 +27,37 @@ def test_findings_are_ranked_by_severity_then_gain(write_gpu_run):
     assert keys == sorted(keys)
 
 
-def test_a_failing_rule_is_logged_and_skipped(write_gpu_run, caplog):
+@pytest.fixture
+def failing_rule():
+    """A registered rule that raises on every run."""
     @rule("test-always-fails", "host")
     def always_fails(ctx):
         raise RuntimeError("boom")
 
-    try:
-        run = write_gpu_run(step=lambda i: {"data_time_s": 0.1})
-        with caplog.at_level(logging.WARNING):
-            findings = diagnose(run)
-        assert "dataloader-bound" in [finding.rule for finding in findings]
-        assert "test-always-fails" in caplog.text
-        with pytest.raises(RuntimeError):
-            diagnose(run, strict=True)
-    finally:
-        RULES.pop("test-always-fails")
+    yield "rule test-always-fails failed: RuntimeError: boom"
+    RULES.pop("test-always-fails")
+
+
+def test_a_failing_rule_is_said_and_the_others_still_run(write_gpu_run, failing_rule, caplog):
+    run = write_gpu_run(step=lambda i: {"data_time_s": 0.1})
+    with caplog.at_level(logging.WARNING), pytest.warns(UserWarning, match=re.escape(failing_rule)):
+        findings = diagnose(run)
+    assert "dataloader-bound" in [finding.rule for finding in findings]
+    assert "test-always-fails" in caplog.text
+    with pytest.raises(RuntimeError):
+        diagnose(run, strict=True)
+
+
+def test_a_failing_rule_shows_in_the_report_notes_verdict_and_cli(write_gpu_run, failing_rule, capsys):
+    run = write_gpu_run(step=lambda i: {"data_time_s": 0.1})
+    report = build_report(run.path)
+    assert failing_rule in report.notes
+    assert failing_rule in report.verdict.why and report.verdict.bound == "input"
+    assert main(["analyze", str(run.path)]) == 0
+    out, err = capsys.readouterr()
+    assert failing_rule in err and failing_rule in out  # the notes on stderr, the verdict's why on stdout
+    assert main(["analyze", str(run.path), "--json"]) == 0
+    assert failing_rule in json.loads(capsys.readouterr().out)["verdict"]["why"]
 
 
 def test_finding_rejects_unknown_severity_and_category():
