@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import gpuprof
 from gpuprof.tune.edits import apply_edits
@@ -120,7 +121,7 @@ def test_the_model_knobs_change_the_model_gpuprof_run_finds_and_record_their_edi
     script = HERE / "slow_loader.py"
     done = subprocess.run(
         [sys.executable, "-m", "gpuprof", "run", "--run-dir", str(tmp_path / "run"), "--max-steps", "3",
-         "--knob", "sdpa-attention", "--knob", "compile", "--knob", "expandable-segments",
+         "--knob", "sdpa-attention", "--knob", "compile", "--knob", "expandable-segments", "--knob", "bf16-autocast",
          str(script), "--item-delay-ms", "0", "--attention", "eager", "--steps", "50"],
         capture_output=True, text=True, timeout=TUNE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -134,5 +135,10 @@ def test_the_model_knobs_change_the_model_gpuprof_run_finds_and_record_their_edi
     assert knobs["compile"] == [{"kind": "before", "file": str(script), "line": knobs["compile"][0]["line"],
                                  "code": ["model.compile()"]}]
     assert "optimizer = torch.optim.AdamW(" in script.read_text().splitlines()[knobs["compile"][0]["line"] - 1]
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # a CPU with bf16 instructions
+        assert knobs["bf16-autocast"][0]["code"] == [
+            "model.forward = torch.autocast('cpu', dtype=torch.bfloat16)(model.forward)"]
+    else:  # emulated bf16 is slower than fp32: the knob leaves the model as it is
+        assert knobs["bf16-autocast"] == []
     [env] = knobs["expandable-segments"]
     assert env["kind"] == "top" and 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"' in env["code"][1]

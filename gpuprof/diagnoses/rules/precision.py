@@ -76,7 +76,8 @@ def fp32_matmul(ctx):
 @knob("bf16-autocast", rule="fp32-matmul", train_flags=("--precision", "bf16"))
 def bf16_autocast(patch):
     """The model's forward runs under torch.autocast(dtype=torch.bfloat16) on the model's device, where
-    that device computes in bf16 (a CPU; a GPU from Ampere on).
+    that device computes in bf16 (a CPU with bf16 instructions, AVX512-BF16 or AMX, as oneDNN reports;
+    a GPU from Ampere on). Elsewhere bf16 is emulated, several times slower than fp32, and nothing changes.
 
     A model whose parameters are not fp32, and a forward the script already runs under autocast, are
     left as they are. A loss the script computes outside the model sees bf16 logits."""
@@ -88,7 +89,8 @@ def bf16_autocast(patch):
 
         param = next(model.parameters())
         device = param.device.type
-        supported = torch.cuda.is_bf16_supported() if device == "cuda" else device == "cpu"
+        supported = (torch.cuda.is_bf16_supported() if device == "cuda"
+                     else device == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
         if not supported or param.dtype != torch.float32:
             return None
         forward = model.forward
