@@ -5,8 +5,8 @@
 2. Its findings, each with the knobs that apply its fix from outside (gpuprof.diagnoses.knob): one trial
    per knob, that knob alone. Findings with no such knob are listed with their fix, to make by hand.
 3. One trial combining the knobs that helped (faster beyond the noise, loss curve not diverged), and for
-   the reference workload its optimized variant, which tune says is slower than one of its own knobs
-   where it is.
+   the reference workload its optimized variant; tune says where either is slower than one of its own
+   knobs alone (their intervals apart).
 The winning set (the fastest trial that helped) ends in the diff a user applies to their own files.
 """
 
@@ -172,11 +172,13 @@ def _step_time_interval(report) -> Interval | None:
 def _conclude(target, result: TuneResult) -> None:
     helped = [trial for trial in result.trials if trial.helped and trial.name != "optimized"]
     result.winner = max(helped, key=lambda trial: trial.speedup.point, default=None)
-    singles = [trial for trial in result.trials if len(trial.knobs) == 1 and trial.helped]
+    singles = [trial for trial in result.trials if len(trial.knobs) == 1 and trial.name != "combined"
+               and trial.status == "measured" and trial.speedup]
     for composite in (trial for trial in result.trials if trial.name in ("combined", "optimized") and trial.speedup):
-        own = singles if composite.name == "combined" else [t for t in singles if t.knobs[0] in _optimized_knobs(target)]
+        own = [single for single in singles if single.knobs[0] in
+               (composite.knobs if composite.name == "combined" else _optimized_knobs(target))]
         for single in own:
-            if single.speedup.point > composite.speedup.point:
+            if single.speedup.low > composite.speedup.high:  # slower beyond the noise of either
                 what = "the combination" if composite.name == "combined" else "the optimized variant"
                 result.notes.append(f"{what} ({composite.speedup.point:.2f}x) is slower than its own {single.name} "
                                     f"knob alone ({single.speedup.point:.2f}x)")
