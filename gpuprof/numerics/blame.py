@@ -32,6 +32,7 @@ class Blame:
     trigger: str | None = None  # what the always-on flags saw: "loss", "grads", "params", "optimizer_state"
     cause: dict[str, Any] | None = None  # an earlier step to look at, e.g. an oversized update
     bundle: str | None = None
+    kept_state: str | None = None  # keep_state "when_bad": what of the state was kept where (numerics budget.py)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -67,7 +68,7 @@ def format_blame(blame: Blame) -> str:
             ("op", blame.op), ("first", blame.first), ("tensor", blame.tensor),
             ("dtype", blame.dtype), ("shape", blame.shape), ("non-finite", blame.nonfinite_count),
             ("input abs-max", _number(blame.input_absmax)), ("micro-batch", blame.micro_batch),
-            ("source", blame.source)]
+            ("source", blame.source), ("kept state", blame.kept_state)]
     lines = [f"non-finite value at step {blame.step}" if blame.reproduced else blame.message()]
     lines += [f"  {name:<14}{value}" for name, value in rows if value is not None]
     if blame.cause:

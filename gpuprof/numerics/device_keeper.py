@@ -6,7 +6,9 @@ counters on the CPU, stacked into one tensor per dtype) and any that is not cont
 later, from the step record, whether a copy was taken; one copy is held until the host has read
 its step. The caller (keeping.py) hands over the set of tensors again when its cheap signature
 changes (Adam's state appears after the first update) and every `state_interval` steps: a tensor
-replaced in between is copied from its old storage until then.
+replaced in between is copied from its old storage until then. Where the buffers go (device or
+pinned host memory, the whole state or the parameters alone) is the memory budget's (budget.py);
+a host buffer is written by the same kernel, through its mapped address.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpuprof.numerics.budget import nbytes
 from gpuprof.numerics.device_copy import ConditionalCopy, Flag
 
 
@@ -25,6 +28,7 @@ class _Generation:
     first_step: int
     views: dict[str, torch.Tensor]
     copy: ConditionalCopy
+    where: str  # "device", "host" or "none" (the budget kept nothing, and state_before says so)
 
 
 class ConditionalKeeper:
@@ -47,18 +51,25 @@ class ConditionalKeeper:
                                                      torch.zeros((), dtype=torch.int64, device=self.device), 0,
                                                      torch.zeros((), dtype=torch.int32, device=self.device), False)
 
-    def prepare(self, tensors: dict[str, torch.Tensor], step: int) -> None:
-        """Makes buffers for `tensors` when they are not the ones prepared before."""
-        layout = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape), t.device) for name, t in tensors.items())
+    def prepare(self, tensors: dict[str, torch.Tensor], step: int, where: str = "device") -> None:
+        """Makes buffers for `tensors` in `where` ("device", "host": pinned host memory, "none": keeps
+        nothing) when they are not the ones prepared before."""
+        layout = (where, *((name, t.data_ptr(), t.dtype, tuple(t.shape), t.device) for name, t in tensors.items()))
         if layout == self._layout:
             return
         self._layout = layout
+        tensors = tensors if where != "none" else {}
         # byte copies need contiguous tensors on this device: any other is copied every step
         here = {name: t.detach() for name, t in tensors.items() if t.device == self.device and t.is_contiguous()}
-        views = {name: torch.empty_like(t) for name, t in here.items()}
-        self._generations.append(_Generation(step, views, ConditionalCopy(list(here.values()), list(views.values()),
-                                                                           self.device)))
+        views = {name: _buffer_like(t, where) for name, t in here.items()}
+        copy = ConditionalCopy(list(here.values()), list(views.values()), self.device)
+        self._generations.append(_Generation(step, views, copy, where))
         self._group_per_step({name: t.detach() for name, t in tensors.items() if name not in here})
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes the buffers of the latest generation hold, by where they are."""
+        latest = self._generations[-1] if self._generations else None
+        return {latest.where: nbytes(latest.views.values())} if latest else {}
 
     def _group_per_step(self, tensors: dict[str, torch.Tensor]) -> None:
         groups: dict[tuple, tuple[list[str], list[torch.Tensor]]] = {}
@@ -88,7 +99,9 @@ class ConditionalKeeper:
     def release(self, resolved_step: int) -> None:
         """The host has read every step up to `resolved_step`: older generations are not needed."""
         while len(self._generations) > 1 and self._generations[1].first_step <= resolved_step:
-            self._generations.pop(0)
+            released = self._generations.pop(0)
+            if any(view.is_pinned() for view in released.views.values()):
+                torch.accelerator.empty_host_cache()  # pinned memory freed goes to a cache, not back to the host
 
     def unfreeze(self) -> None:
         """The held copy's step was read: the next bad step may be copied."""
@@ -99,8 +112,16 @@ class ConditionalKeeper:
         if not int(self._taken.current()) or int(self._step_taken) != step:
             return None
         generation = [g for g in self._generations if g.first_step <= step][-1]
-        return dict(generation.views)
+        return dict(generation.views) if generation.where != "none" else None
 
     def taken_at_end(self) -> bool:
         """Whether the held copy was made at its step's end rather than before its update (host sync)."""
         return bool(int(self._at_end))
+
+
+def _buffer_like(tensor: torch.Tensor, where: str) -> torch.Tensor:
+    """An empty buffer for `tensor`'s bytes on its device, or in host memory (pinned where there is CUDA,
+    so that the device kernel can write it)."""
+    if where == "device" or tensor.device.type == "cpu":
+        return torch.empty_like(tensor)
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)

@@ -49,16 +49,24 @@ class Investigator:
             return _sharded_blame(blame, origin)
         inputs = self._keeping.inputs_of(step)
         state = self._keeping.state_before(step)
+        placement = self._keeping.placement_at(step)
+        blame.kept_state = placement.describe() if placement is not None else None
         if state is None:
-            blame.notes.append(NOT_REPRODUCED + "the state before this step was not kept (numerics keep_state off?)")
+            why = f"over the memory budget: {placement.reason}" if placement is not None and not placement.kept \
+                else "numerics keep_state off?"
+            blame.notes.append(f"{NOT_REPRODUCED}the state before this step was not kept ({why})")
             return blame
+        if placement is not None and placement.what == "parameters":
+            blame.notes.append("the optimizer's state was not kept, only the parameters and buffers (over the memory "
+                               f"budget: {placement.reason}): the re-run starts the optimizer afresh, so an "
+                               "update's blame (phase 'optimizer') may differ")
         micro_batches, loss_fn, loss_kind, missing = self._replay_plan(inputs)
         blame.notes += missing
         model, optimizer, scaler = private_copy(self.model, self.optimizer, self.scaler)
         load_state(model, optimizer, scaler, state, inputs)
         contents = self._bundle_contents(model, optimizer, scaler, inputs, micro_batches, loss_kind)
         found = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=blame.rank)
-        found.trigger, found.notes = blame.trigger, blame.notes + found.notes
+        found.trigger, found.notes, found.kept_state = blame.trigger, blame.notes + found.notes, blame.kept_state
         found.cause = oversized_update(history, step)
         self._explain(found, inputs)
         self._save_bundle(found, contents)

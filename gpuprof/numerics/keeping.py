@@ -23,10 +23,11 @@ import math
 import torch
 
 from gpuprof.modules import eager_model, local_tensor
-from gpuprof.numerics import device_copy
+from gpuprof.numerics import budget, device_copy
 from gpuprof.numerics.device_keeper import ConditionalKeeper
 from gpuprof.numerics.state import (
-    StateKeeper, StepInputs, hyperparameters, live_tensors, non_tensor_optimizer_state, param_names, rng_states,
+    OPTIMIZER_KEY_SEPARATOR, SCALER_PREFIX, StateKeeper, StepInputs, hyperparameters, live_tensors,
+    non_tensor_optimizer_state, param_names, rng_states,
 )
 from gpuprof.numerics.tape import autocast_now
 
@@ -34,12 +35,15 @@ logger = logging.getLogger("gpuprof")
 
 
 class StepKeeping:
-    def __init__(self, model: torch.nn.Module, optimizer, scaler, keep_state, state_interval: int):
+    def __init__(self, model: torch.nn.Module, optimizer, scaler, keep_state, state_interval: int,
+                 memory_budget_pct: float = budget.DEFAULT_BUDGET_PCT):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self._keep_state, self._state_interval = keep_state, state_interval
+        self._budget_pct = memory_budget_pct
         self.keeper: StateKeeper | None = None
         self.current: StepInputs | None = None
         self._kept: dict[int, StepInputs] = {}
+        self.placements: list[budget.Placement] = []  # keep_state "when_bad": where the copy goes, from which step
 
     def start(self, device: torch.device, undo_updates: bool = False) -> None:
         """`undo_updates`: on_nonfinite="skip", which restores the state from a copy made every step."""
@@ -88,6 +92,8 @@ class StepKeeping:
         every_step = isinstance(self.keeper, StateKeeper) and not self.lazily  # also after a fallback
         if every_step:
             other = self._refresh_keeper(model, step, unread_steps=bool(self._kept))
+        elif self.lazily and self._replan_due(step):
+            self._plan(live_tensors(model, self.optimizer, self.scaler), step)
         wants_non_tensor = every_step or (self.on_device and self._non_tensor_state)
         non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names) if wants_non_tensor else {}
         self.current = StepInputs(
@@ -121,6 +127,9 @@ class StepKeeping:
 
     def state_before(self, step: int):
         if self.keeper is None or step not in self._kept:
+            return None
+        placement = self.placement_at(step)
+        if placement is not None and not placement.kept:
             return None
         if self.on_device:  # an update ran before the copy only if the copy was made at the step's end
             self._kept[step].updated_first = self._kept[step].updated_first and self.keeper.taken_at_end()
@@ -161,10 +170,54 @@ class StepKeeping:
             self.before_update(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0))))
 
     def _keep_now(self, inputs: StepInputs) -> None:
+        placement = self.placement_at(inputs.step)
+        if placement is not None and not placement.kept:
+            return  # over the memory budget: the event says so
         model = eager_model(self.model)
         inputs.other_device = self._refresh_keeper(model, inputs.step, unread_steps=False)
-        inputs.non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names)  # with the tensors
+        if self._whole_state(inputs.step):
+            inputs.non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names)  # with the tensors
         inputs.state_kept = True
+
+    def placement_at(self, step: int) -> budget.Placement | None:
+        """Where the copy of the state `step` started from went (keep_state "when_bad"), or None."""
+        return next((p for p in reversed(self.placements) if p.step <= step), None)
+
+    def _whole_state(self, step: int) -> bool:
+        placement = self.placement_at(step)
+        return placement is None or placement.what == "state"
+
+    def _replan_due(self, step: int) -> bool:
+        """The copy's place is decided again when the state's set changes (its cheap signature: Adam's
+        state appears after the first update) and once the run's first step has shown its peak."""
+        signature = (len(self.optimizer.state) if self.optimizer is not None else 0,
+                     getattr(self.scaler, "_scale", None) is not None)
+        provisional = not self.placements or (not self.placements[-1].measured and step > 0)
+        changed, self._signature = signature != self._signature, signature
+        return changed or provisional
+
+    def _plan(self, tensors: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+        """Decides from the memory measured now where the copy goes (budget.py); the tensors it keeps."""
+        device = self.keeper.device
+        copied = {n: t for n, t in tensors.items() if t.device == device}
+        parameters = {n: t for n, t in copied.items() if _is_parameter_side(n)}
+        held = self.keeper.held_bytes() if self.on_device else {}
+        placement = budget.place({"state": budget.nbytes(copied.values()),
+                                  "parameters": budget.nbytes(parameters.values())},
+                                 budget.pools_for(device, measured=step > 0), self._budget_pct, step,
+                                 measured=step > 0, held=held)
+        last = self.placements[-1] if self.placements else None
+        if last is None or (last.what, last.where, last.measured) != (placement.what, placement.where,
+                                                                      placement.measured):
+            self.placements.append(placement)
+        return self._selected(tensors, step)
+
+    def _selected(self, tensors: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+        """The tensors the placement of `step` keeps: all, or the parameters, buffers and scaler alone."""
+        placement = self.placement_at(step)
+        if placement is None or placement.what == "state":
+            return tensors
+        return {n: t for n, t in tensors.items() if _is_parameter_side(n)} if placement.kept else {}
 
     def _device_keeping(self, action, *args):
         """One step of the device copy. If it fails (gpuprof's failure, not the loop's), the state is
@@ -180,12 +233,13 @@ class StepKeeping:
     def _prepare_device_copy(self, model: torch.nn.Module, step: int) -> dict[str, torch.Tensor]:
         """The device copy's tensors looked at again when their cheap signature changes (Adam's state
         appears after the first update) and every state_interval steps; this step's host copies."""
-        signature = (len(self.optimizer.state) if self.optimizer is not None else 0,
-                     getattr(self.scaler, "_scale", None) is not None)
-        if signature != self._signature or (self._state_interval and step % self._state_interval == 0):
-            self._signature = signature
-            self.keeper.prepare(live_tensors(model, self.optimizer, self.scaler), step)
-            self._non_tensor_state = bool(non_tensor_optimizer_state(model, self.optimizer, self._names))
+        replan = self._replan_due(step)
+        if replan or (self._state_interval and step % self._state_interval == 0):
+            tensors = live_tensors(model, self.optimizer, self.scaler)
+            kept = self._plan(tensors, step) if replan else self._selected(tensors, step)
+            self.keeper.prepare(kept, step, self.placement_at(step).where)
+            self._non_tensor_state = self._whole_state(step) and bool(
+                non_tensor_optimizer_state(model, self.optimizer, self._names))
         return self.keeper.per_step_copies()
 
     def _device_values(self, values) -> torch.Tensor:
@@ -197,8 +251,13 @@ class StepKeeping:
 
     def _refresh_keeper(self, model: torch.nn.Module, step: int, unread_steps: bool) -> dict[str, torch.Tensor]:
         """Copies the live state into the keeper; returns the tensors kept per step instead."""
-        tensors = live_tensors(model, self.optimizer, self.scaler)
+        tensors = self._selected(live_tensors(model, self.optimizer, self.scaler), step)
         return self.keeper.refresh(tensors, self._param_names, step, unread_steps=unread_steps)
+
+
+def _is_parameter_side(name: str) -> bool:
+    """A parameter, a buffer or the GradScaler's state: what a cheaper keep holds, without the optimizer's."""
+    return OPTIMIZER_KEY_SEPARATOR not in name or name.startswith(SCALER_PREFIX)
 
 
 def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

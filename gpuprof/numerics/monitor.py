@@ -56,7 +56,7 @@ class NumericsMonitor:
         self._gradients = gradients
         self._tape = tape  # what each step computed, for the forensic re-run
         self._keeping = StepKeeping(model, optimizer, self.scaler, self.options.keep_state,
-                                    self.options.state_interval)
+                                    self.options.state_interval, self.options.memory_budget_pct)
         self.stop_training: NonFiniteError | None = None
         self._prof = None
         self._investigator: Investigator | None = None
@@ -72,6 +72,7 @@ class NumericsMonitor:
         self._begun_at_phase = False  # the step's keeping began at prof.phase("forward"), not at a model call
         self._overflow = _OverflowStreak() if self.scaler is not None else None
         self._fallback_said = False
+        self._placements_said = 0
 
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
@@ -91,7 +92,9 @@ class NumericsMonitor:
             self._handles += SkipBadUpdates(self._keeping, prof.device).hooks(self.optimizer, guard, self)
 
     def meta(self, prof) -> dict:
-        return {"numerics_keep_state": self._keeping.mode}
+        placements = self._keeping.placements
+        return {"numerics_keep_state": self._keeping.mode,
+                "numerics_state_placement": placements[-1].for_meta() if placements else None}
 
     def on_close(self, prof) -> None:
         for handle in self._handles:
@@ -130,6 +133,8 @@ class NumericsMonitor:
         if self._keeping.fallback is not None and not self._fallback_said:
             self._fallback_said = True
             prof.event(EventKind.STATE_KEEPING_FALLBACK, self._keeping.fallback, severity="warning", step=step)
+        if len(self._keeping.placements) > self._placements_said:
+            self._say_placements(prof)
         values = record.get("_numerics_values") or [0.0] * len(_FLAGS)
         self._history.append({"step": step, "param_absmax": record.get("_numerics_param_absmax"),
                               "lrs": record.get("_numerics_lrs")})
@@ -140,6 +145,16 @@ class NumericsMonitor:
         if bad:
             self._on_nonfinite(prof, step, bad)
         self._keeping.read(step, bool(bad))
+
+    def _say_placements(self, prof) -> None:
+        """An event for each new decision of where the kept state goes (the provisional one of the first
+        step only when it keeps less than the whole state); meta.json has the latest at close."""
+        for placement in self._keeping.placements[self._placements_said:]:
+            if placement.measured or placement.what != "state":
+                severity = "info" if placement.what == "state" else "warning"
+                prof.event(EventKind.STATE_PLACEMENT, f"NaN forensics keeps {placement.describe()}: {placement.reason}",
+                           severity=severity, step=placement.step, **placement.for_meta())
+        self._placements_said = len(self._keeping.placements)
 
     def investigate(self, step: int, trigger: str) -> Blame:
         """Re-runs `step` from its kept state in forensic mode and writes its replay bundle; never raises."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from gpuprof.errors import GpuprofError
+from gpuprof.numerics.budget import DEFAULT_BUDGET_PCT
 
 POLICIES = ("record", "raise", "skip")
 # keep_state: "every_step" copies the pre-step state of every step (exact replay of any bad step);
@@ -26,10 +27,14 @@ class NumericsOptions:
     max_reports: int = 1  # non-finite steps investigated; later ones are counted
     layer_factor: float = 1e3  # a block's gradient norm this many times off the median block
     builder: dict[str, Any] | None = None  # how `gpuprof replay` rebuilds the model (bundle.builder_for)
+    memory_budget_pct: float = DEFAULT_BUDGET_PCT  # of a memory pool, the most the kept state may take (budget.py)
 
     def __post_init__(self):
         if self.keep_state not in KEEP_STATE:
             raise GpuprofError(f"numerics keep_state must be one of {KEEP_STATE}, got {self.keep_state!r}")
+        budget = self.memory_budget_pct
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 100:
+            raise GpuprofError(f"numerics memory_budget_pct must be a number from 0 to 100, got {budget!r}")
 
     @classmethod
     def given(cls, value: Mapping[str, Any] | NumericsOptions | bool) -> NumericsOptions | None:

@@ -67,6 +67,7 @@ class EventKind:
     NONFINITE = "nonfinite"
     NONFINITE_STEPS = "nonfinite_steps"
     STATE_KEEPING_FALLBACK = "state_keeping_fallback"
+    STATE_PLACEMENT = "state_placement"
     LOSS_SPIKE = "loss_spike"
     GRAD_NORM_SPIKE = "grad_norm_spike"
     EXPLODING_GRADIENT = "exploding_gradient"
