@@ -13,6 +13,7 @@ from gpuprof.capture.optimizer import OptimizerCollector
 from gpuprof.capture.scaler import ScalerCollector
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector
+from gpuprof.capture.watchdog import HangWatchdog
 from gpuprof.modules import is_sharded
 from gpuprof.numerics.monitor import NumericsMonitor
 from gpuprof.numerics.tape import Tape
@@ -49,4 +50,6 @@ def builtin_collectors(prof) -> list:
     if options.trace_steps:
         collectors.append(TraceCollector(options.trace_steps, options.record_shapes,
                                          options.profile_memory, options.with_stack))
+    if options.hang_timeout_s != 0:
+        collectors.append(HangWatchdog(options.hang_timeout_s))
     return [collector for collector in collectors if collector is not None]

@@ -11,6 +11,8 @@ they measure over the ranks, on the device.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from gpuprof.modules import initialized, local_tensor
@@ -125,17 +127,45 @@ class FsdpCollector:
 
 
 class DdpCollector:
+    """DDP's timing averages per step, and each step's arrival at its first gradient all-reduce.
+
+    The arrival (`collective_arrival_unix_s`) is the wall clock when DDP hands its first gradient bucket
+    to the communication hook gpuprof registers: the same all-reduce DDP makes without one (each
+    gradient scaled by 1/world size the way DDP's own reducer does it, so the numbers do not change),
+    with a timestamp on the host, no sync. A loop that registered its own comm hook keeps it, and
+    records no arrivals."""
+
     name = "ddp"
 
     def __init__(self, model: torch.nn.parallel.DistributedDataParallel):
         self._model = model
+        self.arrival_unix_s: float | None = None  # this step's, read by the hang watchdog too
+        self._hooked = False
+
+    def on_start(self, prof) -> None:
+        if not getattr(self._model, "_comm_hooks", None):
+            self._model.register_comm_hook(self._model.process_group, self._all_reduce)
+            self._hooked = True
 
     def meta(self, prof) -> dict:
-        return {"distributed": distributed_facts()}
+        return {"distributed": {**distributed_facts(), "arrivals": self._hooked}}
 
     def on_step_end(self, prof, state) -> dict:
         logging_data = self._model._get_ddp_logging_data()
-        return {
-            column: logging_data[key] / 1e9 if logging_data.get(key) else None
-            for key, column in _DDP_TIMES_NS.items()
-        }
+        columns = {column: logging_data[key] / 1e9 if logging_data.get(key) else None
+                   for key, column in _DDP_TIMES_NS.items()}
+        columns["collective_arrival_unix_s"], self.arrival_unix_s = self.arrival_unix_s, None
+        return columns
+
+    def _all_reduce(self, group, bucket):  # no annotations: DDP rejects postponed ones
+        if self.arrival_unix_s is None:
+            self.arrival_unix_s = time.time()
+        buffer = bucket.buffer()
+        world_size = group.size()
+        # as DDP's reducer without a hook: it divides gradients that are bucket views, multiplies copies
+        if self._model.gradient_as_bucket_view:
+            buffer.div_(world_size)
+        else:
+            buffer.mul_(1.0 / world_size)
+        work = torch.distributed.all_reduce(buffer, group=group, async_op=True)
+        return work.get_future().then(lambda future: future.value()[0])

@@ -128,6 +128,20 @@ class PhaseHooks:
         return self._times
 
     @property
+    def current(self) -> str | None:
+        """The phase the step is in now, from the hooks' state: data until the first model call, then
+        forward, backward, optimizer, and `other` between them (clipping, zero_grad, logging)."""
+        if self._optimizer_start is not None:
+            return "optimizer"
+        if not isinstance(self._model, torch.nn.Module):
+            return None
+        if self._backward_start is not None:
+            return "backward"
+        if self._forward_start is not None:
+            return "forward"
+        return "data" if self._data_start is not None else "other"
+
+    @property
     def backward_unfinished(self) -> bool:
         """A backward pass through the model's outputs began and its end was not seen."""
         return self._backward_start is not None

@@ -17,7 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import sys
+import threading
 import time
+import traceback
 import uuid
 from collections import deque
 from typing import Any, Iterable, Mapping, Sequence
@@ -35,6 +39,7 @@ from gpuprof.capture.phases import PhaseHooks
 from gpuprof.capture.system import AUTO_INTERVAL
 from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
+from gpuprof.capture.watchdog import check_timeout
 from gpuprof.errors import GpuprofError
 from gpuprof.numerics.options import NumericsOptions, check_policy
 from gpuprof.optimizers import one_optimizer
@@ -44,6 +49,8 @@ from gpuprof.run.writer import RunWriter
 logger = logging.getLogger("gpuprof")
 
 KNOWN_PHASES = ("data", "forward", "backward", "optimizer")
+TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its event
+SIGTERM_WRITE_S = 5.0  # what a rank stopped by SIGTERM spends writing where it was
 
 
 def profile(run_dir: str | os.PathLike, **options: Any) -> "Profiler":
@@ -68,6 +75,8 @@ class Profiler:
     record_shapes, profile_memory, with_stack: passed to torch.profiler for trace windows.
     memory_history: record allocation stacks for the out-of-memory snapshot (CUDA; costs per allocation).
     collectors: extra collectors (see gpuprof.capture.collector).
+    hang_timeout_s: seconds without a step before the hang watchdog writes a `hang` event (with every rank's
+        stacks under torchrun; gpuprof.capture.watchdog); None (default): max(120 s, 20 median steps); 0: off.
     """
 
     def __init__(
@@ -95,6 +104,7 @@ class Profiler:
         loss_fn: Any = None,
         on_nonfinite: str = "record",
         numerics: Mapping[str, Any] | NumericsOptions | bool = True,
+        hang_timeout_s: float | None = None,
     ):
         self.run_dir = os.fspath(run_dir)
         # a model that is not a Module (a plain function) is reported once by PhaseHooks, then ignored
@@ -109,7 +119,7 @@ class Profiler:
             sample_interval_s=_sample_interval(sample_interval_s), grad_norms=grad_norms, layer_interval=layer_interval,
             update_ratio_interval=update_ratio_interval, record_shapes=record_shapes, profile_memory=profile_memory,
             with_stack=with_stack, memory_history=memory_history, numerics=NumericsOptions.given(numerics),
-            on_nonfinite=check_policy(on_nonfinite),
+            on_nonfinite=check_policy(on_nonfinite), hang_timeout_s=check_timeout(hang_timeout_s),
         )
         self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
         self.ranks = environment.rank_info()
@@ -129,6 +139,9 @@ class Profiler:
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
         self._joiners: list = []  # collectors with a per-step collective every rank must make
         self._start_unix_s = None
+        self.final_status: str | None = None  # set by close(), before the collectors close
+        self._step_phases: PhaseTimes | None = None
+        self._sigterm_handler = None
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Profiler":
@@ -137,7 +150,7 @@ class Profiler:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None:
             self.handle_exception(exc)
-        self.close(status="failed" if exc is not None else "finished")
+        self.close(error=exc)
 
     def start(self) -> "Profiler":
         if self._started:
@@ -156,18 +169,68 @@ class Profiler:
             self._guarded(self._backward.attach)
         self._write_meta(status="running")
         self._guarded(self._begin_step)
+        self._record_termination()
         return self
 
-    def close(self, status: str = "finished") -> None:
+    def close(self, status: str | None = None, error: BaseException | None = None) -> None:
+        """Writes everything and the rank's status: `finished`, or `failed` when an exception is leaving
+        the loop (`error`, or the one in flight when close() runs in a `finally`), which becomes a
+        `rank_failed` event with its traceback."""
         if not self._started or self._closed:
             return
         self._closed = True
+        error = error if error is not None else sys.exc_info()[1]
+        if isinstance(error, SystemExit) and error.code in (0, None):
+            error = None
+        self.final_status = status or ("failed" if error is not None else "finished")
+        if error is not None and self.final_status == "failed":
+            self._record_failure(f"{type(error).__name__}: {error}",
+                                 "".join(traceback.format_exception(type(error), error, error.__traceback__)))
         self._guarded(self._drain, True)
         if self._backward is not None:
             self._backward.detach()
         self.collectors.close_all(self)
-        self._write_meta(status=status, end_unix_s=time.time())
+        self._write_meta(status=self.final_status, end_unix_s=time.time())
         self.writer.close()
+        if self._sigterm_handler is not None and signal.getsignal(signal.SIGTERM) is self._sigterm_handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def current_phase(self) -> str | None:
+        """The phase this rank is in now: a prof.phase() span begun and not ended, else the hooks'."""
+        phases = self._step_phases
+        if not self._active or phases is None:  # before the first step began
+            return None
+        return phases.open_phase() or self.phase_hooks.current
+
+    def _record_failure(self, error: str, traceback_text: str) -> None:
+        with contextlib.suppress(Exception):
+            self.event(schema.EventKind.RANK_FAILED, f"rank {self.ranks.rank} failed at step {self.step_index}: {error}",
+                       severity="critical", step=self.step_index, error=error,
+                       traceback=traceback_text[-TRACEBACK_CHARS:])
+
+    def _record_termination(self) -> None:
+        """On SIGTERM (torchrun stopping the other ranks when one failed) the rank still says where it
+        was and that it failed, before the default action ends it; only where the loop set no handler."""
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            return
+
+        def terminated(signum, frame) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+
+            def record() -> None:  # on a thread: the signal may have come while the loop held a writer lock
+                self._record_failure("terminated by SIGTERM", stack)
+                self.writer.flush()
+                self._write_meta(status="failed", end_unix_s=time.time())
+
+            if self._active:
+                writer = threading.Thread(target=record, name="gpuprof-sigterm", daemon=True)
+                writer.start()
+                writer.join(timeout=SIGTERM_WRITE_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, terminated)
+        self._sigterm_handler = terminated
 
     # --------------------------------------------------------------- the loop API
     @contextlib.contextmanager

@@ -93,6 +93,11 @@ class PhaseTimes:
         elif name in self._open:
             self.add(name, self._open.pop(name), self.clock.stamp())
 
+    def open_phase(self) -> str | None:
+        """The phase begun last and not ended yet (read from another thread: a snapshot is enough)."""
+        names = [*self._open, *self._host_open]
+        return names[-1] if names else None
+
     def add(self, name: str, start, end) -> None:
         """A finished span between two stamps of this clock."""
         self.spans.append((name, start, end))

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         run_report.print_json("analyze", report.to_dict())
         return 0
     summary, findings = report.summary, report.findings
-    lines = [*run_report.verdict_lines(report.verdict), *run_report.summary_lines(summary),
+    lines = [*run_report.verdict_lines(report.verdict), *run_report.stopped_lines(report), *run_report.summary_lines(summary),
              *run_report.per_rank_lines(summary)]
     lines.append(f"Findings ({len(findings)}), most severe first:" if findings else "No findings.")
     print("\n".join(lines + run_report.finding_lines(findings)))

@@ -19,6 +19,22 @@ def verdict_lines(verdict) -> list[str]:
     return [f"Verdict: {verdict.headline}", f"  why         {verdict.why}", f"  next        {verdict.next_step}"]
 
 
+def stopped_lines(report) -> list[str]:
+    """The ranks that never finished and the hangs the watchdog recorded (none for a run that finished)."""
+    from gpuprof.analysis.run.ranks import never_finished
+    from gpuprof.diagnoses.rules.failure import describe_outcome
+
+    lines = []
+    stopped = never_finished(report.rank_outcomes) if not report.rank_outcomes.empty else report.rank_outcomes
+    if not stopped.empty:
+        lines.append(f"  ranks       {len(stopped)} of {len(report.rank_outcomes)} never finished:")
+        lines += [f"              {describe_outcome(row)}" for row in stopped.head(PER_RANK_LINES_MAX).to_dict(orient="records")]
+    hangs = report.hangs[~report.hangs["ended"]] if not report.hangs.empty else report.hangs
+    for row in hangs.drop_duplicates("message").head(PER_RANK_LINES_MAX).to_dict(orient="records"):
+        lines.append(f"  hang        step {row['step']}, seen by rank {row['rank']}: {row['message']}")
+    return lines
+
+
 def print_notes(report) -> None:
     """What the reader had to skip in the run's files, on stderr (stdout stays the report)."""
     for note in report.notes:

@@ -272,6 +272,55 @@ def rank_detail_panels(query, rank: int) -> list[Panel]:
     return [Panel(f"Step time of rank {rank}", _layout(figure, x_title="step", y_title="ms")), phases_panel(steps)]
 
 
+PHASE_COLORS = {"data": "#1f77b4", "forward": "#2ca02c", "backward": "#9467bd", "optimizer": "#ff7f0e",
+                "other": "#7f7f7f"}
+OUTCOME_SYMBOLS = {"finished": ("circle", "seagreen"), "failed": ("x", "crimson"), "incomplete": ("square", "black"),
+                   "running": ("triangle-right", "gray")}
+TIMELINE_BEATS_PER_RANK = 400
+
+
+def rank_timeline_panel(heartbeats: pd.DataFrame, hangs: pd.DataFrame, outcomes: pd.DataFrame,
+                        start_unix_s: float | None) -> Panel:
+    """Every rank's heartbeats over time (colour: its phase; hover: step, collective, where), its `hang`
+    events, and where each rank's record ends (finished, failed, incomplete)."""
+    title = "Ranks over time: heartbeats, hangs, ends"
+    if heartbeats.empty and hangs.empty:
+        return Panel(title, None, "No heartbeats recorded (the hang watchdog was off, or the run ended within a beat).")
+    origin = start_unix_s or heartbeats["time_unix_s"].min()
+    figure = go.Figure()
+    beats = pd.concat([_thin(group, TIMELINE_BEATS_PER_RANK) for _, group in heartbeats.groupby("rank")]) \
+        if not heartbeats.empty else heartbeats
+    for phase, group in beats.groupby(beats["phase"].fillna("other")) if not beats.empty else ():
+        text = [f"step {s}, {p}" + (f", in {k} #{q}" if isinstance(k, str) else "") + (f"<br>{w}" if isinstance(w, str) else "")
+                for s, p, k, q, w in zip(group["step"], group["phase"], group["collective_kind"],
+                                         group["collective_seq"], group["where"])]
+        figure.add_trace(go.Scatter(x=group["time_unix_s"] - origin, y=group["rank"].map("rank {}".format),
+                                    mode="markers", name=str(phase), text=text, hoverinfo="text+x",
+                                    marker=dict(size=7, color=PHASE_COLORS.get(phase, "#17becf"))))
+    if not hangs.empty:
+        figure.add_trace(go.Scatter(x=hangs["time_unix_s"] - origin, y=hangs["rank"].map("rank {}".format),
+                                    mode="markers", name="hang", text=hangs["message"], hoverinfo="text+x",
+                                    marker=dict(size=14, symbol="x-thin-open", color="crimson", line=dict(width=3))))
+    ended = outcomes.dropna(subset=["last_seen_unix_s"]) if not outcomes.empty else outcomes
+    for status, group in ended.groupby("status") if not ended.empty else ():
+        symbol, color = OUTCOME_SYMBOLS.get(status, ("circle", "gray"))
+        figure.add_trace(go.Scatter(x=group["last_seen_unix_s"] - origin, y=group["rank"].map("rank {}".format),
+                                    mode="markers", name=f"last seen: {status}", hoverinfo="name+x",
+                                    marker=dict(size=12, symbol=symbol, color=color)))
+    figure.update_yaxes(type="category", autorange="reversed")
+    figure.update_layout(hovermode="closest")
+    ranks = int(outcomes["rank"].nunique()) if not outcomes.empty else int(heartbeats["rank"].nunique())
+    return Panel(title, _layout(figure, x_title="seconds since start", height=max(CHART_HEIGHT_PX, min(24 * ranks, 800) + 80)))
+
+
+def _thin(frame: pd.DataFrame, most: int) -> pd.DataFrame:
+    """At most `most` rows, evenly spaced, the last kept (a rank's last beat is where it stopped)."""
+    if len(frame) <= most:
+        return frame
+    keep = np.unique(np.linspace(0, len(frame) - 1, most).round().astype(int))
+    return frame.iloc[keep]
+
+
 def rank_phase_panel(per_rank: pd.DataFrame) -> Panel:
     """Median time of each phase per rank, stacked (from the run summary's per-rank table)."""
     columns = [f"{phase}_time_p50_s" for phase in PHASES if _has(per_rank, f"{phase}_time_p50_s")]

@@ -155,6 +155,17 @@ def rank_detail(path: str, run_signature: tuple, rank: int) -> list:
     return rank_detail_panels(_run(path).query, rank)
 
 
+@st.cache_data(show_spinner="Reading the heartbeats…", max_entries=32)
+def rank_timeline(path: str, run_signature: tuple):
+    """The Distributed page's timeline of every rank's heartbeats, hangs and ends."""
+    from gpuprof.dashboard.charts import rank_timeline_panel
+
+    report = build_report(path)
+    heartbeats = report.run.query.frame("heartbeats", ["time_unix_s", "rank", "step", "phase", "collective_kind",
+                                                      "collective_seq", "where"])
+    return rank_timeline_panel(heartbeats, report.hangs, report.rank_outcomes, report.meta.get("start_unix_s"))
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def overlay_panels(path_a: str, signature_a: tuple, path_b: str, signature_b: tuple) -> list:
     """Step time and throughput of both runs (rank 0) on shared charts."""

@@ -8,6 +8,7 @@ from functools import cached_property
 
 import pandas as pd
 
+from gpuprof.analysis.run.ranks import hangs, rank_outcomes
 from gpuprof.analysis.run.summary import (
     RunSummary, first_row, measured_samples, measured_steps, primary_device, summarize, trace_summary,
 )
@@ -179,6 +180,15 @@ class RunContext(Context):
     def step_rows(self, where: q.Filter, columns=None) -> pd.DataFrame:
         """The step rows (all ranks) a query filter keeps: for rare rows (non-finite steps), never all of them."""
         return self.run.query.frame("steps", columns, where=[where])
+
+    @cached_property
+    def rank_outcomes(self) -> pd.DataFrame:
+        """How each rank ended (gpuprof.analysis.run.ranks)."""
+        return rank_outcomes(self.run)
+
+    @cached_property
+    def hangs(self) -> pd.DataFrame:
+        return hangs(self.run)
 
     @cached_property
     def first_rank(self) -> int | None:

@@ -16,6 +16,8 @@ CATEGORY_TITLES = {
     "communication": "communication",
     "memory": "memory",
     "numerics": "numerics",
+    # not a bound: the run stopped (a hang, a rank that failed or died); the verdict says so first
+    "failure": "a hang or a dead rank",
 }
 CATEGORIES = tuple(CATEGORY_TITLES)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.summary import RunSummary
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.ranks import analysis_tables
@@ -73,6 +74,9 @@ class Report:
     notes: tuple[str, ...] = ()
     # A gpuprof run (a bare trace's report, trace_report.TraceReport, is the other kind presenters show).
     bare_trace = False
+    # How each rank ended, and the watchdog's `hang` events (gpuprof.analysis.run.ranks).
+    rank_outcomes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    hangs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def name(self) -> str:
@@ -88,7 +92,9 @@ class Report:
     def to_dict(self) -> dict:
         """The body of `gpuprof analyze --json` (docs/json-output.md)."""
         return {"summary": self.summary.to_dict(), "verdict": self.verdict.to_dict(),
-                "findings": [finding.to_dict() for finding in self.findings]}
+                "findings": [finding.to_dict() for finding in self.findings],
+                "ranks": json_safe(self.rank_outcomes.to_dict(orient="records")),
+                "hangs": json_safe(self.hangs.to_dict(orient="records"))}
 
 
 def build_report(run_dir) -> Report:
@@ -114,6 +120,7 @@ def _report(path: str, signature: tuple) -> Report:
     return Report(
         run=run, signature=signature, summary=context.summary, verdict=verdict, findings=findings,
         trace_windows=windows, blames=blames, blame_chain=blame_chain(events, blames), notes=notes,
+        rank_outcomes=context.rank_outcomes, hangs=context.hangs,
     )
 
 

@@ -6,7 +6,8 @@ Each share of step time comes from the signal that measures it:
 - compute, host/launch, memory copies: a device trace on a GPU (NVML utilization for one GPU
   without a trace); the forward/backward/optimizer and `other` phases on a CPU, else a CPU trace
   (its host ops are the compute): a bare trace's verdict reads every share from the trace.
-Critical numerics or memory trouble bounds the run whatever the timings say. A bound other than
+A run that stopped (a hang, ranks that failed or died: the `failure` rules) says so before anything
+else; then critical numerics or memory trouble bounds the run whatever the timings say. A bound other than
 compute is named when its share reaches `BOUND_MIN_SHARE_PCT`; otherwise the step is bound by
 its compute, once every other bound was measured. Where one was not, the verdict names the
 missing signal and how to record it instead of guessing.
@@ -96,6 +97,8 @@ class Verdict:
     def headline(self) -> str:
         if self.bound is None:
             return f"Not enough signal to say what bounds the step: no {self.missing}"
+        if self.bound == "failure":
+            return f"Stopped by {CATEGORY_TITLES[self.bound]}"
         share = f" ({fmt_share(self.share_pct)})" if self.share_pct is not None else ""
         return f"Bound by {CATEGORY_TITLES[self.bound]}{share}"
 
@@ -107,6 +110,9 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     """The verdict from the run's summary, its ranked findings and its traces' step breakdown; `meta`,
     the run's, says what the loop already runs with (its `loop` facts), so that the next step is not one
     the loop took."""
+    stopped = next((f for f in findings if f.category == "failure" and f.severity == "critical"), None)
+    if stopped is not None:
+        return Verdict("failure", None, f"{stopped.title}.", next_step("failure", findings))
     if summary.n_steps == 0:
         return missing("steps", "The run recorded no step.")
     trouble = critical_trouble(summary, findings)

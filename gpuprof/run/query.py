@@ -201,6 +201,12 @@ def list_contains_any(column: str, substrings: tuple[str, ...]) -> Filter:
                   f"regexp_matches(lower(array_to_string({_ident(column)}, ' ')), '{pattern}') ELSE false END")
 
 
+def kind_is(*kinds: str) -> Filter:
+    """Events of one of `kinds`."""
+    listed = ", ".join("'" + kind.replace("'", "''") + "'" for kind in kinds)
+    return Filter(f'"kind" IN ({listed})')
+
+
 def negate(condition: Filter) -> Filter:
     return Filter(f"NOT ({condition.sql})")
 
@@ -334,6 +340,14 @@ class RunQuery:
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
         frame = self._frame(f"SELECT {selected} FROM {self._source(stream, ranks)}{_where(where)} ORDER BY {order}{tail}")
         return _as_reader_frame(frame, stream)
+
+    def per_step_last(self, column: str) -> pd.DataFrame:
+        """Per step where more than one rank has `column`: the rank with its largest value, that value
+        minus the step's median (`above_median`) and how many ranks had one."""
+        value = _ident(column)
+        return self._frame(f"SELECT step, arg_max(rank, {value}) AS rank, max({value}) - median({value}) AS above_median, "
+                           f"count(*) AS ranks FROM {self._source('steps')} WHERE {value} IS NOT NULL "
+                           "GROUP BY step HAVING count(*) > 1 ORDER BY step")
 
     def rank_frame(self, stream: str, rank: int, columns=None) -> pd.DataFrame:
         """One rank's rows (reads only that rank's file)."""

@@ -203,6 +203,10 @@ class Run:
         return self._stream("events")
 
     @cached_property
+    def heartbeats(self) -> pd.DataFrame:
+        return self._stream("heartbeats")
+
+    @cached_property
     def layers(self) -> pd.DataFrame:
         return self._stream("layers")
 

@@ -24,7 +24,7 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
         "tokens_per_s", "flops_per_s", "mfu", "grad_norm", "grad_norm_finite", "loss_finite",
         "scaler_scale", "scaler_growth_tracker", "step_skipped", "lr", "mem_allocated_bytes",
         "mem_reserved_bytes", "mem_peak_allocated_bytes", "mem_alloc_retries", "mem_ooms",
-        "mem_nvml_used_bytes", "mem_nvml_gap_bytes", "mem_rss_bytes",
+        "mem_nvml_used_bytes", "mem_nvml_gap_bytes", "mem_rss_bytes", "collective_arrival_unix_s",
     ),
     "system": (
         "time_unix_s", "rank", "device_index", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
@@ -35,6 +35,9 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "events": ("time_unix_s", "rank", "step", "kind", "severity", "message", "details"),
     "layers": ("step", "rank", "layer", "level", "grad_norm", "update_ratio"),
+    # the hang watchdog's beat, every few seconds (gpuprof.capture.watchdog)
+    "heartbeats": ("time_unix_s", "rank", "step", "phase", "stalled_s", "collectives", "collective_kind",
+                   "collective_seq", "where"),
 }
 STREAMS = tuple(STREAM_COLUMNS)
 LIST_COLUMNS = {"system": ("throttle_reasons",)}
@@ -45,6 +48,7 @@ SORT_KEYS = {
     "system": ["time_unix_s", "rank"],
     "events": ["time_unix_s", "rank"],
     "layers": ["step", "rank", "layer"],
+    "heartbeats": ["time_unix_s", "rank"],
 }
 # Severity of an event or a finding, most severe first (findings are ranked in this order).
 SEVERITIES = ("critical", "warning", "info")
@@ -63,6 +67,9 @@ class EventKind:
     OOM = "oom"
     STEP_SKIPPED = "step_skipped"
     LR_STEP_ON_SKIPPED = "lr_step_on_skipped_step"
+    HANG = "hang"
+    HANG_ENDED = "hang_ended"
+    RANK_FAILED = "rank_failed"
     # numerics
     NONFINITE = "nonfinite"
     NONFINITE_STEPS = "nonfinite_steps"

@@ -27,7 +27,7 @@ from gpuprof.run import schema
 logger = logging.getLogger("gpuprof")
 
 BUFFER_S = 1.0  # the longest that step, layer and system records stay in memory before the OS has them
-BUFFERED_STREAMS = ("steps", "layers", "system")
+BUFFERED_STREAMS = ("steps", "layers", "system", "heartbeats")
 
 
 def _json_default(value: Any):

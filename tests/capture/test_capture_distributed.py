@@ -29,7 +29,7 @@ def ddp_run(tmp_path_factory):
 def test_every_rank_writes_its_own_records(ddp_run):
     run, seen = ddp_run
     assert run.ranks == [0, 1] and run.meta["world_size"] == 2
-    assert run.meta["distributed"] == {"backend": "gloo", "world_size": 2}
+    assert run.meta["distributed"] == {"backend": "gloo", "world_size": 2, "arrivals": True}
     for rank in (0, 1):
         steps = run.steps[run.steps["rank"] == rank]
         assert steps["step"].tolist() == [0, 1, 2, 3]

@@ -1,9 +1,11 @@
-"""Distributed page: step time and phases per rank, stragglers, and the share of communication."""
+"""Distributed page: hangs and how each rank ended, step time and phases per rank, stragglers, and the
+share of communication."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from gpuprof.analysis.run.ranks import never_finished
 from gpuprof.analysis.run.summary import slowest_ranks
 from gpuprof.analysis.trace.tables import TABLE_TITLES
 from gpuprof.dashboard import data
@@ -22,6 +24,7 @@ def render(root, entries, selected) -> None:
     entry = selected[0]
     st.header(f"Distributed · `{entry.name}`")
     summary = entry.report.summary
+    stopped = show_stops(entry)
     if summary.world_size <= 1:
         st.info(f"`{entry.name}` ran as a single process: nothing to compare across ranks. "
                 "Record a run under torchrun (e.g. `torchrun --nproc-per-node 2 -m gpuprof train ...`).")
@@ -58,6 +61,36 @@ def render(root, entries, selected) -> None:
         show_panel(rank_phase_panel(summary.per_rank))
     with section("Communication"):
         show_communication(entry.report)
+    if not stopped:
+        with section("Ranks over time"):
+            show_panel(data.rank_timeline(str(entry.path), entry.signature))
+
+
+def show_stops(entry) -> bool:
+    """Hangs, ranks that never finished, and every rank's heartbeats over time, first: a stopped run's
+    speed is not the question. False (nothing shown) for a run that neither hung nor lost a rank."""
+    report = entry.report
+    stopped = never_finished(report.rank_outcomes) if not report.rank_outcomes.empty else report.rank_outcomes
+    if report.hangs.empty and stopped.empty:
+        return False
+    with section("Hangs and ranks"):
+        st.subheader("Hangs and ranks")
+        show_findings(report.findings_in("failure"))
+        for number, row in enumerate(report.hangs.drop_duplicates("message").to_dict(orient="records")):
+            text = f"**Step {row['step']}, seen by rank {row['rank']}**: {row['message']}"
+            if row["ended"]:
+                st.success(f"{text} (it went on later)")
+            else:
+                st.error(text)
+            for rank, stack in row["stacks"].items():
+                with st.expander(f"Stack of rank {rank} (hang {number + 1})"):
+                    st.code(stack, language="text")
+        st.dataframe(report.rank_outcomes.drop(columns=["traceback"]), hide_index=True, key="rank_outcomes")
+        for row in stopped.dropna(subset=["traceback"]).head(SLOWEST_SHOWN).to_dict(orient="records"):
+            with st.expander(f"Traceback of rank {row['rank']}: {row['error']}"):
+                st.code(row["traceback"], language="text")
+        show_panel(data.rank_timeline(str(entry.path), entry.signature))
+    return True
 
 
 def show_traced_ranks(entry) -> None:

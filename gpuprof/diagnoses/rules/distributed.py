@@ -1,7 +1,9 @@
-"""Multi-rank problems: stragglers, DataParallel, and a non-NCCL backend on GPUs."""
+"""Multi-rank problems: stragglers (by own work, and by arrival at the first all-reduce), DataParallel,
+and a non-NCCL backend on GPUs."""
 
 from __future__ import annotations
 
+from gpuprof.analysis.run.ranks import last_arrivals
 from gpuprof.analysis.run.summary import OWN_WORK_PHASES
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
@@ -10,6 +12,10 @@ STRAGGLER_LAG_WARNING_PCT = 10.0
 STRAGGLER_LAG_MIN_S = 0.002
 EVIDENCE_RANKS = 10
 SINGLE_PROCESS_WRAPPERS = {"DataParallel"}
+# A rank that arrives last at the step's first all-reduce in this share of steps is the straggler;
+# below it, the last rank changes from step to step (jitter, no one rank at fault).
+LAST_ARRIVAL_SHARE_PCT = 50.0
+MIN_ARRIVAL_STEPS = 5
 
 
 @rule("rank-straggler", "communication")
@@ -49,6 +55,44 @@ def rank_straggler(ctx):
             "affinity, extra logging/checkpointing on that rank, a slower or throttled GPU. Balance the "
             "work; every rank waits for the slowest at each all-reduce."
         ),
+        est_gain_pct=lag_pct,
+    )
+
+
+@rule("late-arrival", "communication")
+def late_arrival(ctx):
+    """DDP's all-reduce makes every rank's backward as long as the slowest's, so own work can hide the rank
+    at fault under load; the arrival at the step's first all-reduce (a comm hook timestamp) does not."""
+    if ctx.world_size < 2:
+        return None
+    steps = last_arrivals(ctx.run)
+    steps = steps[steps["step"] >= ctx.summary.warmup.n_steps]
+    if len(steps) < MIN_ARRIVAL_STEPS:
+        return None
+    counts = steps["last_rank"].value_counts()
+    rank, times = int(counts.index[0]), int(counts.iloc[0])
+    share_pct = 100 * times / len(steps)
+    lag_s = float(steps.loc[steps["last_rank"] == rank, "lag_s"].median())
+    step_s = ctx.summary.step_time_p50_s
+    lag_pct = 100 * lag_s / step_s if step_s else 0.0
+    if lag_s < STRAGGLER_LAG_MIN_S or lag_pct < STRAGGLER_LAG_WARNING_PCT:
+        return None
+    evidence = {"last_rank": rank, "last_in_steps": times, "steps": len(steps), "last_share_pct": share_pct,
+                "lag_p50_s": lag_s, "lag_pct_of_step": lag_pct,
+                "last_count_by_rank": {int(r): int(n) for r, n in counts.head(EVIDENCE_RANKS).items()}}
+    if share_pct < LAST_ARRIVAL_SHARE_PCT:
+        return Finding(
+            rule="late-arrival", severity="info", evidence=evidence,
+            title=(f"A different rank arrives last at the first all-reduce from step to step (rank {rank} most "
+                   f"often, {times} of {len(steps)} steps): jitter, no one straggler"),
+            fix="Look for what varies per step on every rank: data loading, host load, garbage collection.",
+        )
+    return Finding(
+        rule="late-arrival", severity="warning", evidence=evidence,
+        title=(f"Rank {rank} arrives last at the step's first all-reduce in {times} of {len(steps)} steps, "
+               f"{1000 * lag_s:.0f} ms after the median rank"),
+        fix=(f"Find what rank {rank} does more of before its backward: its data shard or loader, a busier host or "
+             "CPU affinity, extra logging on that rank, a slower or throttled GPU."),
         est_gain_pct=lag_pct,
     )
 

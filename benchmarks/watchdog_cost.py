@@ -1,0 +1,82 @@
+"""What the hang watchdog costs: the training thread's share per step, the watchdog thread's per beat,
+and the DDP arrival hook's per gradient bucket.
+
+In one process with a 1-rank gloo group (so the collective count and the Flight Recorder are read
+as under torchrun), a real gpuprof.profile on a tiny model:
+  on_step_start   what the training thread pays per step (a clock reading, a tuple, the group's
+                  collective count), timed over many calls
+  beat            one heartbeat built on the watchdog thread (the main thread's stack walked, the
+                  Flight Recorder read with --collectives entries in it), timed over many calls;
+                  it runs every 5 s
+  comm hook       DDP's all-reduce of one bucket through gpuprof's comm hook against DDP without it
+                  (the same all-reduce; the hook adds a timestamp and a Python call), per bucket
+
+    .venv/bin/python benchmarks/watchdog_cost.py [--calls 200000] [--beats 200] [--collectives 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import gpuprof
+from gpuprof.capture.watchdog import HangWatchdog
+
+
+def per_call_us(function, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        function()
+    return 1e6 * (time.perf_counter() - start) / calls
+
+
+def ddp_backward_us(ddp: bool, hooked: bool, repeats: int) -> float:
+    """Median time of one backward (one bucket: a small model) of a DDP model, with or without the hook."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256), bucket_cap_mb=25)
+    if hooked:
+        from gpuprof.capture.distributed import DdpCollector
+
+        DdpCollector(model).on_start(None)
+    inputs = torch.randn(8, 256)
+    times = []
+    for _ in range(repeats):
+        loss = model(inputs).sum()
+        start = time.perf_counter()
+        loss.backward()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--beats", type=int, default=200)
+    parser.add_argument("--collectives", type=int, default=2000, help="entries in the Flight Recorder")
+    parser.add_argument("--repeats", type=int, default=400)
+    args = parser.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = torch.nn.Linear(8, 8)
+    with tempfile.TemporaryDirectory() as folder, gpuprof.profile(folder, model=model, sample_interval_s=0) as prof:
+        for _ in range(args.collectives):
+            dist.all_reduce(torch.ones(1))
+        watchdog = next(c for c in prof.collectors if isinstance(c, HangWatchdog))
+        step_us = per_call_us(lambda: watchdog.on_step_start(prof, prof.step_index), args.calls)
+        beat_us = per_call_us(watchdog._beat, args.beats)
+    bare_us, hooked_us = (ddp_backward_us(True, hooked, args.repeats) for hooked in (False, True))
+    dist.destroy_process_group()
+    print(f"on_step_start (training thread, per step): {step_us:.2f} us")
+    print(f"one heartbeat (watchdog thread, every 5 s), {args.collectives} Flight Recorder entries: {beat_us / 1000:.2f} ms")
+    print(f"DDP backward of one bucket, median of {args.repeats}: {bare_us:.0f} us without gpuprof's comm hook, "
+          f"{hooked_us:.0f} us with it ({hooked_us - bare_us:+.0f} us)")
+
+
+if __name__ == "__main__":
+    main()

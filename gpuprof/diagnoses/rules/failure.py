@@ -1,0 +1,66 @@
+"""A run that did not finish: a hang the watchdog recorded, ranks that failed or died."""
+
+from __future__ import annotations
+
+from gpuprof.analysis.run.ranks import never_finished
+from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.registry import rule
+
+EVIDENCE_RANKS = 16
+
+
+@rule("rank-hang", "failure")
+def rank_hang(ctx):
+    table = ctx.hangs
+    open_hangs = table[~table["ended"]] if not table.empty else table
+    if open_hangs.empty:
+        return None
+    # the latest event that names ranks behind: the watchdog of a waiting rank saw the most
+    naming = open_hangs[open_hangs["behind_ranks"].map(bool)]
+    event = (naming if not naming.empty else open_hangs).iloc[-1]
+    behind = [int(rank) for rank in event["behind_ranks"]]
+    return Finding(
+        rule="rank-hang",
+        severity="critical",
+        title=f"Hung at step {int(event['step'])}: {event['message']}",
+        evidence={
+            "step": int(event["step"]), "behind_ranks": behind[:EVIDENCE_RANKS],
+            "waiting_ranks": [int(rank) for rank in event["waiting_ranks"]][:EVIDENCE_RANKS],
+            "desync": event["desync"], "recorded_by_rank": int(event["rank"]),
+            "ranks_that_recorded": sorted({int(rank) for rank in open_hangs["rank"]})[:EVIDENCE_RANKS],
+        },
+        fix=(f"Read the stack of rank {behind[0] if behind else int(event['rank'])} in its hang event (the Distributed "
+             "page, or gpuprof analyze --json): that is where it stopped. For a desync, every rank must make the "
+             "same collectives in the same order (no collective under `if rank == 0`)."),
+    )
+
+
+@rule("ranks-never-finished", "failure")
+def ranks_never_finished(ctx):
+    table = ctx.rank_outcomes
+    stopped = never_finished(table)
+    if stopped.empty:
+        return None
+    first = stopped.sort_values("last_seen_unix_s", na_position="first").iloc[0]
+    described = [describe_outcome(row) for row in stopped.head(EVIDENCE_RANKS).to_dict(orient="records")]
+    return Finding(
+        rule="ranks-never-finished",
+        severity="critical",
+        title=f"{len(stopped)} of {len(table)} ranks never finished: " + "; ".join(described[:4]),
+        evidence={
+            "ranks": [int(rank) for rank in stopped["rank"]][:EVIDENCE_RANKS],
+            "status_by_rank": {int(r): s for r, s in zip(stopped["rank"], stopped["status"])},
+            "last_step_by_rank": {int(r): s for r, s in zip(stopped["rank"], stopped["last_step"])},
+            "first_to_stop": int(first["rank"]),
+        },
+        fix=(f"Start from rank {int(first['rank'])}, the first to stop: its traceback (rank_failed event) where Python "
+             "saw the failure; without one the process was killed outside Python (the kernel's OOM killer: "
+             "`dmesg`, or a SIGKILL), and the ranks after it were stopped by torchrun."),
+    )
+
+
+def describe_outcome(row: dict) -> str:
+    step = f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
+    if row["status"] == "failed":
+        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'})"
+    return f"rank {row['rank']} stopped {step} with no traceback (killed outside Python: SIGKILL, the OOM killer)"

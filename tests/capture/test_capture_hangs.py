@@ -1,0 +1,248 @@
+"""Hangs, desyncs and dead ranks of real 2-rank gloo jobs under torchrun (tests/capture/faulty_ddp_loop.py).
+
+Each job runs in its own session and is killed (its whole process group) when its test is done;
+every wait has a generous bound, since the machine is shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+
+from capture_loop import batch, tiny_model
+
+import gpuprof
+from gpuprof.report import build_report
+
+LOOP = Path(__file__).with_name("faulty_ddp_loop.py")
+JOB_BOUND_S = 420  # the whole job, start-up of two torch processes on a loaded machine included
+HANG_EVENT_BOUND_S = 60  # from the stuck step's start to the event in the run directory
+STOP_BOUND_S = 60
+
+
+@contextlib.contextmanager
+def torchrun(run_dir: Path, *args: str):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(LOOP), str(run_dir), *args]
+    log = open(run_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
+    job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield job
+    finally:
+        stop(job)
+        log.close()
+
+
+def stop(job: subprocess.Popen) -> None:
+    """torchrun starts each worker in a session of its own: SIGTERM lets the agent stop them; then
+    SIGKILL for whatever of the job is left, worker by worker."""
+    workers = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        workers = psutil.Process(job.pid).children(recursive=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.wait(timeout=STOP_BOUND_S)
+    for process in [*workers, psutil.Process(job.pid) if job.poll() is None else None]:
+        with contextlib.suppress(psutil.NoSuchProcess, AttributeError):
+            process.kill()
+    job.wait(timeout=STOP_BOUND_S)
+
+
+def events_on_disk(run_dir: Path, kind: str) -> list[dict]:
+    """The `kind` events every rank has handed to the OS so far (the job may still run)."""
+    found = []
+    for path in sorted(run_dir.glob("rank-*/events.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                event = json.loads(line)
+                if event["kind"] == kind:
+                    found.append(event)
+    return found
+
+
+def wait_for(condition, job, bound_s: float = JOB_BOUND_S):
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if job.poll() is not None and not condition():
+            return condition()
+        time.sleep(1.0)
+    return condition()
+
+
+def hang_events_of_every_rank(run_dir: Path, step: int):
+    """Each rank's `hang` event at `step` (a loaded machine may stall an earlier step past the timeout too)."""
+    events = [event for event in events_on_disk(run_dir, "hang") if event["step"] == step]
+    return events if sorted(event["rank"] for event in events) == [0, 1] else None
+
+
+def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(tmp_path):
+    run_dir = tmp_path / "stuck"
+    with torchrun(run_dir, "--fault", "stuck", "--rank", "1", "--at-step", "5", "--hang-timeout-s", "20") as job:
+        events = wait_for(lambda: hang_events_of_every_rank(run_dir, 5), job)
+        assert job.poll() is None, "the job should still be hung"
+    assert events, f"no hang event from each rank: {run_dir.with_suffix('.log').read_text()[-3000:]}"
+    for event in events:
+        details = event["details"]
+        assert event["step"] == 5 and event["severity"] == "critical"
+        assert details["behind_ranks"] == [1] and details["waiting_ranks"] == [0]
+        stuck, waiting = details["ranks"]["1"], details["ranks"]["0"]
+        assert stuck["step"] == 5 and stuck["phase"] == "data" and "read_next_shard" in stuck["where"]
+        assert [frame["function"] for frame in stuck["stack"]][-1] == "read_next_shard"
+        assert waiting["phase"] == "backward" and waiting["collective"]["kind"] == "all_reduce"
+        assert any(frame["code"] == "loss.backward()" for frame in waiting["stack"])
+        assert event["message"].startswith("rank 1 is at step 5 (data) in read_next_shard (faulty_ddp_loop.py:")
+        assert "rank 0 has waited in backward's all_reduce" in event["message"]
+        assert details["timeout_s"] == 20 and details["stalled_s"] >= 20
+    own = {event["rank"]: event["details"] for event in events}
+    assert own[1]["phase"] == "data" and own[1]["collective"] is None
+    main = next(stack for stack in own[1]["stacks"] if stack["main"])
+    assert main["frames"][-1]["code"] == "time.sleep(3600)"
+    assert {stack["thread"] for stack in own[0]["stacks"]} >= {"MainThread", "gpuprof-watchdog"}
+    # what was recorded before the hang is still there: both ranks' first five steps
+    run = gpuprof.load_run(run_dir)
+    assert sorted(run.steps[run.steps["rank"] == 1]["step"]) == [0, 1, 2, 3, 4]
+    # written within the bound of the stuck step's start (the end of step 4), while the job hung
+    step_5_started = run.steps["time_unix_s"][run.steps["step"] == 4].max()
+    assert all(event["time_unix_s"] - step_5_started <= HANG_EVENT_BOUND_S for event in events)
+    # the job is gone now: torchrun's SIGTERM found rank 1 in its sleep, and it said so
+    report = build_report(run_dir)
+    stuck = report.rank_outcomes.set_index("rank").loc[1]
+    assert stuck["status"] == "failed" and stuck["error"] == "terminated by SIGTERM"
+    assert "in read_next_shard" in stuck["traceback"]
+    # and the verdict says it hung, first
+    assert report.verdict.bound == "failure"
+    assert report.verdict.why.startswith("Hung at step 5: rank 1 is at step 5 (data) in read_next_shard")
+    text = analyze(run_dir)
+    assert text.startswith("Verdict: Stopped by a hang or a dead rank")
+    assert "  hang        step 5, seen by rank " in text
+
+
+def test_a_rank_that_skips_a_collective_is_a_desync_by_sequence_number(tmp_path):
+    run_dir = tmp_path / "skip"
+    with torchrun(run_dir, "--fault", "skip", "--at-step", "3", "--hang-timeout-s", "20") as job:
+        events = wait_for(lambda: hang_events_of_every_rank(run_dir, 3), job)
+        assert job.poll() is None
+    assert events, run_dir.with_suffix(".log").read_text()[-3000:]
+    for event in events:
+        details = event["details"]
+        assert details["waiting_ranks"] == [0, 1] and details["behind_ranks"] == []
+        desync = details["desync"]
+        assert desync["how"] == "flight_recorder"
+        assert desync["by_rank"] == {"0": "all_reduce [[]]", "1": "barrier []"}
+        assert details["ranks"]["0"]["collective"]["kind"] == "all_reduce"
+        assert details["ranks"]["1"]["collective"]["kind"] == "barrier"
+        assert f"desync: the ranks' collective #{desync['seq']} differs" in event["message"]
+
+
+def finished_job(run_dir: Path, *args: str) -> None:
+    with torchrun(run_dir, *args) as job:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.wait(timeout=JOB_BOUND_S)
+        assert job.poll() is not None, f"the job did not end: {run_dir.with_suffix('.log').read_text()[-3000:]}"
+
+
+def analyze(run_dir: Path) -> str:
+    result = subprocess.run([sys.executable, "-m", "gpuprof", "analyze", str(run_dir)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.capture_may_switch_off  # the surviving rank's collectors see the broken process group
+def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path):
+    run_dir = tmp_path / "raise"
+    finished_job(run_dir, "--fault", "raise", "--rank", "1", "--at-step", "5")
+    report = build_report(run_dir)
+    outcomes = report.rank_outcomes.set_index("rank")
+    assert outcomes.loc[1, "status"] == "failed" and outcomes.loc[1, "last_step"] == 4
+    assert outcomes.loc[1, "error"] == "RuntimeError: bad batch on rank 1 at step 5"
+    assert "in fail_here" in outcomes.loc[1, "traceback"]
+    assert outcomes.loc[0, "status"] in ("failed", "incomplete")  # stopped by torchrun, or by the broken group
+    assert report.verdict.bound == "failure"
+    text = analyze(run_dir)
+    assert text.startswith("Verdict: Stopped by a hang or a dead rank")
+    assert "rank 1 failed after step 4 (RuntimeError: bad batch on rank 1 at step 5)" in text
+    finding = next(f for f in report.findings if f.rule == "ranks-never-finished")
+    assert finding.evidence["first_to_stop"] == 1
+
+
+@pytest.mark.capture_may_switch_off
+def test_a_rank_killed_with_sigkill_is_named_with_its_last_step(tmp_path):
+    run_dir = tmp_path / "kill"
+    # steps longer than the writer's buffer (1 s), so that what the kill loses is the last step at most
+    finished_job(run_dir, "--fault", "kill", "--rank", "1", "--at-step", "5", "--step-sleep-s", "1.2")
+    report = build_report(run_dir)
+    outcomes = report.rank_outcomes.set_index("rank")
+    assert outcomes.loc[1, "status"] == "incomplete" and pd.isna(outcomes.loc[1, "traceback"])
+    assert 3 <= outcomes.loc[1, "last_step"] <= 4
+    assert outcomes.loc[0, "status"] != "finished"
+    text = analyze(run_dir)
+    assert text.startswith("Verdict: Stopped by a hang or a dead rank")
+    assert f"rank 1 stopped after step {outcomes.loc[1, 'last_step']} with no traceback" in text
+
+
+def test_a_straggler_under_ddp_is_the_rank_that_arrives_last(tmp_path):
+    run_dir = tmp_path / "straggler"
+    # a delay long against a step of this loaded machine, so that the rule's share of step time is reached
+    finished_job(run_dir, "--fault", "straggler", "--rank", "1", "--delay-ms", "1000", "--steps", "10")
+    run = gpuprof.load_run(run_dir)
+    assert run.rank_meta[0]["status"] == run.rank_meta[1]["status"] == "finished"
+    arrivals = run.steps.pivot(index="step", columns="rank", values="collective_arrival_unix_s")
+    assert arrivals.notna().all().all()
+    late = (arrivals[1] - arrivals[0]).median()
+    assert late >= 0.5  # rank 1 sleeps 1 s before its forward: it reaches the all-reduce about that much later
+    report = build_report(run_dir)
+    finding = next(f for f in report.findings if f.rule == "late-arrival")
+    assert finding.severity == "warning" and finding.evidence["last_rank"] == 1
+    assert finding.evidence["last_share_pct"] >= 80
+    assert finding.title.startswith("Rank 1 arrives last at the step's first all-reduce in ")
+
+
+def slow_io(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_one_process_stalled_past_its_timeout_records_a_hang_then_its_end(tmp_path):
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, numerics=False, hang_timeout_s=5.0) as prof:
+        for step in range(5):
+            if step == 3:
+                slow_io(12.0)
+            tokens = batch(step)
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    # a loaded machine may stall other steps too: the one at step 3 is certain
+    hangs = run.events[(run.events["kind"] == "hang") & (run.events["step"] == 3)]
+    assert len(hangs) == 1
+    details = hangs["details"].iloc[0]
+    assert details["phase"] == "data" and details["behind_ranks"] == [0] and details["collective"] is None
+    assert details["ranks"]["0"]["where"] == "slow_io (test_capture_hangs.py:{}): time.sleep(seconds)".format(
+        slow_io.__code__.co_firstlineno + 1)
+    assert [f["function"] for f in details["stacks"][0]["frames"]][-2:] == [
+        "test_one_process_stalled_past_its_timeout_records_a_hang_then_its_end", "slow_io"]
+    ended = run.events[run.events["kind"] == "hang_ended"]
+    assert 3 in ended["step"].tolist()
+    report = build_report(tmp_path / "run")
+    assert report.hangs["ended"].all() and report.verdict.bound != "failure"
+    assert report.rank_outcomes["status"].tolist() == ["finished"]
+    beats = run.heartbeats
+    assert (beats["step"] == 3).any() and beats["stalled_s"].max() >= 5.0
