@@ -5,9 +5,10 @@ In one process with a 1-rank gloo group (so the collective count and the Flight 
 as under torchrun), a real gpuprof.profile on a tiny model:
   on_step_start   what the training thread pays per step (a clock reading, a tuple, the group's
                   collective count), timed over many calls
-  beat            one heartbeat built on the watchdog thread (the main thread's stack walked, the
-                  Flight Recorder read with --collectives entries in it), timed over many calls;
-                  it runs every 5 s
+  beat            one heartbeat built on the watchdog thread (the main thread's stack walked, each
+                  process group's last enqueued and completed collective read from the Flight
+                  Recorder, which holds --collectives entries), timed over many calls; it runs every 5 s
+  hang read       the Flight Recorder's entries read, as a hang event does once
   comm hook       DDP's all-reduce of one bucket through gpuprof's comm hook against DDP without it
                   (the same all-reduce; the hook adds a timestamp and a Python call), per bucket
 
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import gpuprof
+from gpuprof.capture import flight
 from gpuprof.capture.watchdog import HangWatchdog
 
 
@@ -70,10 +72,12 @@ def main() -> None:
         watchdog = next(c for c in prof.collectors if isinstance(c, HangWatchdog))
         step_us = per_call_us(lambda: watchdog.on_step_start(prof, prof.step_index), args.calls)
         beat_us = per_call_us(watchdog._beat, args.beats)
+        read_us = per_call_us(lambda: flight.read("gloo"), 5)
     bare_us, hooked_us = (ddp_backward_us(True, hooked, args.repeats) for hooked in (False, True))
     dist.destroy_process_group()
     print(f"on_step_start (training thread, per step): {step_us:.2f} us")
     print(f"one heartbeat (watchdog thread, every 5 s), {args.collectives} Flight Recorder entries: {beat_us / 1000:.2f} ms")
+    print(f"the Flight Recorder's {args.collectives} entries read (once per hang event): {read_us / 1000:.0f} ms")
     print(f"DDP backward of one bucket, median of {args.repeats}: {bare_us:.0f} us without gpuprof's comm hook, "
           f"{hooked_us:.0f} us with it ({hooked_us - bare_us:+.0f} us)")
 

@@ -136,6 +136,9 @@ class HangWatchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=STORE_TIMEOUT_S)
+        if self._reported_step is not None and self._status == "finished":  # slow, not hung: the run finished
+            prof.event(EventKind.HANG_ENDED, f"the run finished after the hang at step {self._reported_step}",
+                       step=self._reported_step)
         if self._board is not None:
             try:
                 self._board.publish(prof.ranks.rank, self._beat())

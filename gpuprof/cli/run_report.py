@@ -31,7 +31,7 @@ def stopped_lines(report) -> list[str]:
         lines += [f"              {describe_outcome(row)}" for row in stopped.head(PER_RANK_LINES_MAX).to_dict(orient="records")]
     hangs = report.hangs[~report.hangs["ended"]] if not report.hangs.empty else report.hangs
     for row in hangs.drop_duplicates("message").head(PER_RANK_LINES_MAX).to_dict(orient="records"):
-        lines.append(f"  hang        step {row['step']}, seen by rank {row['rank']}: {row['message']}")
+        lines.append(f"  hang        step {row['step']:.0f}, seen by rank {row['rank']}: {row['message']}")
     return lines
 
 

@@ -27,10 +27,10 @@ ARRIVAL_COLUMNS = ["step", "last_rank", "lag_s", "ranks"]
 
 
 def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
-    """One row per rank of the world: its status, last recorded step, when it was last seen, and the
-    error and traceback of its `rank_failed` event."""
+    """One row per rank folder: its status (its meta.json's, else the run's), last recorded step, when it
+    was last seen, and the error and traceback of its `rank_failed` event. Ranks of the world with no
+    folder are the summary's `missing_ranks`."""
     now_unix_s = time.time() if now_unix_s is None else now_unix_s
-    world = int(run.meta.get("world_size") or 1)
     last_step = _per_rank(run, "steps", q.maximum("step"))
     last_seen = pd.concat([_per_rank(run, stream, q.maximum("time_unix_s")) for stream in ("heartbeats", "steps")]
                           ).groupby(level=0).max()
@@ -38,8 +38,8 @@ def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
     failed = {int(row["rank"]): row["details"] or {} for row in failures.to_dict(orient="records")}
     stale_s = STALE_BEATS * ((run.meta.get("hang_watchdog") or {}).get("heartbeat_s") or HEARTBEAT_S)
     rows = []
-    for rank in sorted(set(range(world)) | set(run.ranks)):
-        status = (run.rank_meta.get(rank) or {}).get("status")
+    for rank in run.ranks:
+        status = (run.rank_meta.get(rank) or {}).get("status") or run.meta.get("status")
         seen = last_seen.get(rank)
         if status not in ("finished", "failed"):
             beating = seen is not None and now_unix_s - seen <= stale_s

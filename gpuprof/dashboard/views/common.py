@@ -61,8 +61,9 @@ def escape_markdown(text: str) -> str:
 
 
 def show_verdict(verdict) -> None:
-    """What bounds the step, why, and what to do next; a warning when a signal to tell is missing."""
-    box = st.warning if verdict.bound in (None, "numerics", "memory") else st.info
+    """What bounds the step, why, and what to do next; a warning when a signal to tell is missing, an error
+    when the run stopped (a hang, a dead rank)."""
+    box = st.error if verdict.bound == "failure" else st.warning if verdict.bound in (None, "numerics", "memory") else st.info
     box(f"**{escape_markdown(verdict.headline)}.** {escape_markdown(verdict.why)}\n\n"
         f"**Next:** {escape_markdown(verdict.next_step)}", icon=":material/gavel:")
 

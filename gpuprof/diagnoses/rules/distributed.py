@@ -12,8 +12,8 @@ STRAGGLER_LAG_WARNING_PCT = 10.0
 STRAGGLER_LAG_MIN_S = 0.002
 EVIDENCE_RANKS = 10
 SINGLE_PROCESS_WRAPPERS = {"DataParallel"}
-# A rank that arrives last at the step's first all-reduce in this share of steps is the straggler;
-# below it, the last rank changes from step to step (jitter, no one rank at fault).
+# A rank that arrives last at the step's first all-reduce in more than this share of steps is the
+# straggler; up to it, the last rank changes from step to step (jitter, no one rank at fault).
 LAST_ARRIVAL_SHARE_PCT = 50.0
 MIN_ARRIVAL_STEPS = 5
 
@@ -80,7 +80,7 @@ def late_arrival(ctx):
     evidence = {"last_rank": rank, "last_in_steps": times, "steps": len(steps), "last_share_pct": share_pct,
                 "lag_p50_s": lag_s, "lag_pct_of_step": lag_pct,
                 "last_count_by_rank": {int(r): int(n) for r, n in counts.head(EVIDENCE_RANKS).items()}}
-    if share_pct < LAST_ARRIVAL_SHARE_PCT:
+    if share_pct <= LAST_ARRIVAL_SHARE_PCT:
         return Finding(
             rule="late-arrival", severity="info", evidence=evidence,
             title=(f"A different rank arrives last at the first all-reduce from step to step (rank {rank} most "
