@@ -24,7 +24,7 @@ def render(root, entries, selected) -> None:
     entry = selected[0]
     st.header(f"Distributed · `{entry.name}`")
     summary = entry.report.summary
-    stopped = show_stops(entry)
+    stopped = not entry.bare_trace and show_stops(entry)  # a bare trace records no heartbeat nor rank status
     if summary.world_size <= 1:
         st.info(f"`{entry.name}` ran as a single process: nothing to compare across ranks. "
                 "Record a run under torchrun (e.g. `torchrun --nproc-per-node 2 -m gpuprof train ...`).")
