@@ -11,6 +11,7 @@ from torch.cuda._memory_viz import _profile_to_snapshot
 from transformers import GPT2Config, GPT2LMHeadModel
 
 VOCAB, SEQ, BATCH = 256, 32, 4
+PLUGIN_CYCLE_STEPS = 8  # record_plugin_trace's profiler schedule: wait 4, warm up 1, record 3
 
 
 def tiny_gpt2() -> tuple[GPT2LMHeadModel, torch.optim.Optimizer]:
@@ -96,10 +97,11 @@ def record_plugin_trace(log_dir: Path, num_workers: int, data_to_compute: float 
     try:
         model, optimizer = tiny_gpt2()
         item_delay_s = data_to_compute * step_time_s(model, optimizer) / BATCH
-        loader = torch.utils.data.DataLoader(SlowTokens(BATCH * 6 * spans + BATCH * 4, item_delay_s),
-                                             batch_size=BATCH, num_workers=num_workers,
-                                             persistent_workers=num_workers > 0)
-        schedule = torch.profiler.schedule(wait=2, warmup=1, active=3, repeat=spans)
+        # Workers get the first steps (the schedule's wait) to fill their queue, as a real loop's warm-up does.
+        extra = {"persistent_workers": True, "prefetch_factor": 4} if num_workers else {}
+        loader = torch.utils.data.DataLoader(SlowTokens(BATCH * (PLUGIN_CYCLE_STEPS * spans + 4), item_delay_s),
+                                             batch_size=BATCH, num_workers=num_workers, **extra)
+        schedule = torch.profiler.schedule(wait=4, warmup=1, active=3, repeat=spans)
         handler = torch.profiler.tensorboard_trace_handler(str(log_dir), worker_name=worker_name)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                                     on_trace_ready=handler, **profile_options) as prof:

@@ -25,6 +25,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("path", type=Path, help="trace file, directory with one trace file per rank, or a "
                         "tensorboard_trace_handler folder (the latest span)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (schema gpuprof.trace v1)")
+    parser.add_argument("--diff", type=Path, metavar="OTHER",
+                        help="also compare trace OTHER (B) against PATH (A) by kernel and op, as HTA's trace_diff")
     parser.add_argument("--include-last-step", action="store_true",
                         help="keep the last profiler step (left out by default, as HTA does)")
     parser.add_argument("--top", type=_positive_int, default=10,
@@ -44,15 +46,21 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuprof.report.trace_report import build_trace_report
+    from gpuprof.report.trace_report import build_trace_report, diff_of
 
     report = build_trace_report(args.path, include_last_step=args.include_last_step, top=args.top, jobs=args.jobs,
                                 scheduler=args.scheduler)
+    diff = diff_of(args.path, args.diff, include_last_step=args.include_last_step) if args.diff else None
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, sort_keys=True, indent=1, allow_nan=False)
+        document = report.to_dict()
+        if diff is not None:
+            from gpuprof.analysis.run.jsonable import json_safe
+
+            document["diff"] = {"a": str(args.path), "b": str(args.diff), "rows": json_safe(diff.to_dict("records"))}
+        json.dump(document, sys.stdout, sort_keys=True, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        _print_report(report)
+        _print_report(report, diff, args.top)
     return 0
 
 
@@ -67,12 +75,12 @@ def _rich_table(view):
     return table
 
 
-def _print_report(report) -> None:
+def _print_report(report, diff, top: int) -> None:
     from rich.console import Console
     from rich.markup import escape
 
     from gpuprof.cli.run_report import finding_lines, verdict_lines
-    from gpuprof.report.trace_views import overview_lines, table_views
+    from gpuprof.report.trace_views import diff_view, overview_lines, table_views
 
     # Piped or redirected output gets a width that fits the tables instead of rich's 80.
     console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
@@ -88,6 +96,7 @@ def _print_report(report) -> None:
         console.print("  " + escape(line), highlight=False)
     for note in report.notes:
         console.print(f"[yellow]{escape(note)}[/yellow]")
-    for view in table_views(report.tables):
+    views = table_views(report.tables) + ([diff_view(diff, top)] if diff is not None else [])
+    for view in views:
         console.print()
         console.print(_rich_table(view))

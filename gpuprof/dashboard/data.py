@@ -188,3 +188,11 @@ def uploaded_trace(files: tuple[str, ...], file_signature: tuple) -> TraceWindow
 
 def file_signature(files: list[Path]) -> tuple:
     return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+
+
+@st.cache_data(show_spinner="Comparing the traces…", max_entries=8)
+def traces_diff(path_a: str, signature_a: tuple, path_b: str, signature_b: tuple):
+    """Trace B against trace A by kernel and op (two folders of plain traces, their latest spans)."""
+    from gpuprof.report.trace_report import diff_of
+
+    return diff_of(path_a, path_b)

@@ -128,6 +128,17 @@ def build_trace_report(path, *, include_last_step: bool = False, top: int = TOP_
     )
 
 
+def diff_of(path_a, path_b, *, include_last_step: bool = False) -> pd.DataFrame:
+    """Trace B (a file or folder; a plugin folder's latest span) against trace A by op and by kernel
+    (gpuprof.analysis.trace.diff, as HTA's trace_diff)."""
+    from gpuprof.analysis.trace import TraceAnalysis
+    from gpuprof.analysis.trace.diff import trace_diff
+
+    a, b = (TraceAnalysis(trace_spans(trace_files(path))[-1], include_last_step=include_last_step)
+            for path in (path_a, path_b))
+    return trace_diff(a, b)
+
+
 def span_name(number: int) -> str:
     return f"span {number}"
 

@@ -56,7 +56,11 @@ COLUMNS = {
                    ("communication_vs_median_pct", "comm vs median %"), ("straggler", "straggler")],
     "top_cpu_ops": [("rank", "rank"), ("name", "op"), ("count", "count"), ("total_us", "total ms"),
                     ("mean_us", "mean µs")],
+    "diff": [("kind", "kind"), ("name", "name"), ("count_a", "count A"), ("count_b", "count B"),
+             ("count_diff", "count B−A"), ("total_us_a", "A ms"), ("total_us_b", "B ms"),
+             ("total_us_diff", "B−A ms")],
 }
+DIFF_TITLE = "Trace B against trace A, by kernel and op (largest change in time first)"
 
 
 def cell(value, milliseconds: bool = False) -> str:
@@ -78,10 +82,15 @@ def _looks_numeric(text: str) -> bool:
     return text == "-" or text.lstrip("-")[:1].isdigit()
 
 
-def plain_view(key: str, table) -> TableView:
+def plain_view(key: str, table, title: str | None = None) -> TableView:
     columns = COLUMNS[key]
     rows = [[cell(row[c], h.endswith(" ms")) for c, h in columns] for row in table.to_dict("records")]
-    return TableView(TABLE_TITLES[key], [h for _, h in columns], rows)
+    return TableView(title or TABLE_TITLES[key], [h for _, h in columns], rows)
+
+
+def diff_view(table, top: int) -> TableView:
+    """The `top` rows of a trace diff (gpuprof.analysis.trace.diff)."""
+    return plain_view("diff", table.head(top), DIFF_TITLE)
 
 
 def steps_view(table) -> TableView:

@@ -14,9 +14,13 @@ from gpuprof.cli import main
 from gpuprof.report.trace_report import build_trace_report
 
 
-def trace_json(path, capsys) -> dict:
-    assert main(["trace", str(path), "--json"]) == 0
+def trace_json_args(argv, capsys) -> dict:
+    assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def trace_json(path, capsys) -> dict:
+    return trace_json_args(["trace", str(path), "--json"], capsys)
 
 
 def test_an_input_bound_loop_gets_the_input_verdict_and_the_data_loader_finding(plugin_traces, capsys):
@@ -121,3 +125,22 @@ def test_an_unreadable_trace_folder_is_one_line_and_exit_2(tmp_path, content):
     (tmp_path / "worker.1.pt.trace.json").write_bytes(content)
     result = subprocess.run([sys.executable, "-m", "gpuprof", "trace", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_diff_of_two_traces_by_kernel_and_op(tmp_path, builder, capsys):
+    a = builder.step(1, 0, 100).step(2, 100, 100).host("aten::mm", 2, 20).launch("ampere_sgemm_128x64_nn", 20, 30)
+    path_a = a.write(tmp_path / "a.json")
+    b = type(builder)().step(1, 0, 100).step(2, 100, 100).host("aten::mm", 2, 20).host("aten::add", 30, 5)
+    path_b = b.launch("sm80_xmma_gemm_bf16", 20, 10).write(tmp_path / "b.json")
+    document = trace_json_args(["trace", str(path_a), "--diff", str(path_b), "--json"], capsys)
+    rows = {(row["kind"], row["name"]): row for row in document["diff"]["rows"]}
+    assert rows[("kernel", "ampere_sgemm_128x64_nn")]["count_b"] == 0
+    assert rows[("kernel", "sm80_xmma_gemm_bf16")]["total_us_diff"] == 10
+    assert rows[("cpu_op", "aten::mm")]["count_diff"] == 0 and rows[("cpu_op", "aten::add")]["count_a"] == 0
+
+
+def test_the_same_loop_with_and_without_workers_runs_the_same_ops(plugin_traces, capsys):
+    document = trace_json_args(["trace", str(plugin_traces["no_workers"]), "--diff", str(plugin_traces["workers"]),
+                                "--json"], capsys)
+    ops = {row["name"]: row for row in document["diff"]["rows"] if row["kind"] == "cpu_op"}
+    assert ops["aten::mm"]["count_a"] > 0 and ops["aten::mm"]["count_diff"] == 0  # two profiled steps each

@@ -77,3 +77,6 @@ def test_compare_a_trace_with_a_run_and_with_another_trace(traces_root, open_pag
         app = open_page(traces_root, "Compare", runs)
         assert not app.error, texts(app.error)
         assert sum("Bound by" in text for text in texts(app.info)) == 2
+        if runs == ("no_workers", "workers"):  # two traces: B against A by kernel and op
+            diff = app.dataframe[-1].value.set_index(["kind", "name"])
+            assert diff.loc[("cpu_op", "aten::mm"), "count_diff"] == 0

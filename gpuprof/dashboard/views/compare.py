@@ -12,6 +12,7 @@ from gpuprof.dashboard.views.common import (
 )
 from gpuprof.report import compare
 from gpuprof.report.format import fmt_gib, fmt_ratio
+from gpuprof.report.trace_views import DIFF_TITLE
 
 
 def headline(comparison) -> None:
@@ -71,4 +72,9 @@ def show_traced_steps(*entries) -> None:
                     show_panel(trace_steps_panel(windows[-1].tables["step_breakdown"]), key=label)
                 else:
                     st.info("No readable trace window.")
+    if all(entry.bare_trace for entry in entries):
+        with section("By kernel and op"):
+            st.subheader(DIFF_TITLE)
+            st.dataframe(data.traces_diff(*(value for entry in entries for value in (str(entry.path), entry.signature))),
+                         hide_index=True, key="traces_diff")
     show_not_in_a_trace("overlaying step time and throughput over the two runs", ("steps",))
