@@ -43,9 +43,10 @@ def _completed(trace: dict) -> dict[str, int]:
 
 def waiting_on(backend: str) -> dict | None | bool:
     """The first collective enqueued and not completed, {"group", "seq"}, from each process group's last
-    enqueued and completed sequence numbers (no entries read); None when none is; False without a recorder."""
+    enqueued and completed sequence numbers (no entries read); None when none is; False when the recorder
+    is missing or off (it then keeps no status)."""
     trace = _dump(backend, entries=False)
-    if trace is None:
+    if not (trace or {}).get("pg_status"):  # no recorder, or one switched off (TORCH_FR_BUFFER_SIZE=0)
         return False
     for group, status in sorted((trace.get("pg_status") or {}).items()):
         enqueued, completed = int(status.get("last_enqueued_collective", -1)), int(status.get("last_completed_collective", -1))
