@@ -147,13 +147,12 @@ class NumericsMonitor:
         self._keeping.read(step, bool(bad))
 
     def _say_placements(self, prof) -> None:
-        """An event for each new decision of where the kept state goes (the provisional one of the first
-        step only when it keeps less than the whole state); meta.json has the latest at close."""
+        """A warning for each decision that keeps less than the whole state (a healthy run's events stay
+        as they were); meta.json has the latest decision, whatever it is."""
         for placement in self._keeping.placements[self._placements_said:]:
-            if placement.measured or placement.what != "state":
-                severity = "info" if placement.what == "state" else "warning"
+            if placement.what != "state":
                 prof.event(EventKind.STATE_PLACEMENT, f"NaN forensics keeps {placement.describe()}: {placement.reason}",
-                           severity=severity, step=placement.step, **placement.for_meta())
+                           severity="warning", step=placement.step, **placement.for_meta())
         self._placements_said = len(self._keeping.placements)
 
     def investigate(self, step: int, trigger: str) -> Blame:
