@@ -11,6 +11,8 @@ A collector is any object with a `name` and some of these methods (all optional)
                                         "_" reach on_step_record but are not written.
     on_step_record(prof, record)        the step's record with host values (a few steps later
                                         on CUDA), before it is written
+    on_join_at_backward(prof, step)     the Profiler started inside step `step`'s first backward()
+                                        (gpuprof run): that step's forward was not seen
     on_close(prof)                      once, at close
     on_phase_begin(prof, name), on_phase_end(prof, name)   around prof.phase(name)
     on_exception(prof, exc)             an exception is leaving the training loop (then re-raised)

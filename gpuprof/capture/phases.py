@@ -122,6 +122,14 @@ class PhaseHooks:
             self._times.add("backward", start, end)
         self._backward_start = None
 
+    def join_at_backward(self, forward_start) -> None:
+        """Hooked at the step's first backward() (gpuprof run starts there): its forward ran from
+        `forward_start` (a stamp of this clock) to now, its backward starts now, and its data phase
+        was not seen (None)."""
+        now = self._clock.stamp()
+        self._times.add("forward", forward_start, now)
+        self._backward_start, self._data_start = now, None
+
     def finish_step(self) -> PhaseTimes | None:
         """The step's automatic spans; the Profiler calls this at `prof.step()`."""
         self._close_forward()

@@ -33,6 +33,7 @@ from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.builtin import builtin_collectors
 from gpuprof.capture.collector import CollectorSet, StepState
 from gpuprof.capture.lazy import PendingRecord, all_finite, one_loss
+from gpuprof.capture.losses import BackwardLosses
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
 from gpuprof.capture.phases import PhaseHooks
@@ -137,6 +138,7 @@ class Profiler:
         self._broken = False
         self._facts: dict[str, Any] = {}  # the collectors' run-level facts for meta.json, as last told
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
+        self._losses = BackwardLosses()  # the step's loss when prof.step() is given none (gpuprof.capture.losses)
         self._joiners: list = []  # collectors with a per-step collective every rank must make
         self._start_unix_s = None
         self.final_status: str | None = None  # set by close(), before the collectors close
@@ -165,6 +167,7 @@ class Profiler:
             self.collectors.add(collector)
         self._joiners = [c for c in self.collectors if getattr(c, "has_step_collectives", False)]
         self.collectors.call("on_start", self)
+        self._losses.listen()
         if self._backward is not None:
             self._guarded(self._backward.attach)
         self._write_meta(status="running")
@@ -187,6 +190,7 @@ class Profiler:
             self._record_failure(f"{type(error).__name__}: {error}",
                                  "".join(traceback.format_exception(type(error), error, error.__traceback__)))
         self._guarded(self._drain, True)
+        self._losses.stop()
         if self._backward is not None:
             self._backward.detach()
         self.collectors.close_all(self)
@@ -232,6 +236,15 @@ class Profiler:
         signal.signal(signal.SIGTERM, terminated)
         self._sigterm_handler = terminated
 
+    def join_at_backward(self, forward_start) -> None:
+        """Called right after start() from inside the step's first backward() (gpuprof run finds the
+        optimizer there): the step began at `forward_start`, a stamp of this Profiler's clock taken at
+        the step's first forward, which no hook of this Profiler saw."""
+        if self._active:
+            self._step_start = forward_start
+            self._guarded(self.phase_hooks.join_at_backward, forward_start)
+            self.collectors.call("on_join_at_backward", self, self.step_index)
+
     # --------------------------------------------------------------- the loop API
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -258,6 +271,9 @@ class Profiler:
     def step(self, loss: torch.Tensor | float | None = None, tokens: torch.Tensor | int | None = None,
              batch: Any = None) -> None:
         """Marks the end of one optimizer step (call it once per step, skipped or not).
+
+        loss: the step's loss; by default the sum of the tensors backward() was called on since the
+        last step (gpuprof.capture.losses), so a loop need not pass it.
 
         batch: the step's batch (a list of them under gradient accumulation), kept by reference
         so that NaN forensics can re-run the step with `loss_fn` (docs/numerics.md).
@@ -335,6 +351,8 @@ class Profiler:
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         if self._backward is not None and self.phase_hooks.backward_unfinished:
             self._backward.attach()  # the parameters it kept watching were not reached this step
+        backward_loss = self._losses.take()
+        loss = backward_loss if loss is None else loss
         state = StepState(step=self.step_index, loss=one_loss(loss), tokens=tokens, batch=batch)
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
@@ -437,6 +455,7 @@ class Profiler:
             return
         self._broken = True
         with contextlib.suppress(Exception):
+            self._losses.stop()
             if self._backward is not None:
                 self._backward.detach()
             self.collectors.stop_all(self)

@@ -62,7 +62,7 @@ def summary_lines(summary) -> list[str]:
         f"   GPU utilization {figure(summary.gpu_util_mean_pct, '%')}{gpu_note}",
         f"  phases      {phases}",
         f"  health      loss {figure(health['loss_first'])} -> {figure(health['loss_last'])}"
-        f"   non-finite loss/grad steps {health['nonfinite_loss_steps']}/{health['nonfinite_grad_steps']}"
+        f"   non-finite loss/grad steps {figure(health['nonfinite_loss_steps'])}/{health['nonfinite_grad_steps']}"
         f"   skipped steps {health['skipped_steps']}   grad norm p50 {figure(health['grad_norm_p50'])}"
         f" max {figure(health['grad_norm_max'])}",
     ] + _missing_lines(summary.missing_ranks)

@@ -9,9 +9,11 @@ the next, which is where Lightning fetches it and moves it to the device; valida
 left out), `forward` (`on_train_batch_start` to `on_before_backward`: the training step),
 `backward` (to `on_after_backward`), `optimizer` (`on_before_optimizer_step` to the end of the
 torch optimizer's step, so Lightning's gradient clipping counts here). Gradient norms are taken
-at the end of each backward pass, before Lightning unscales or clips. The loss is the mean of the
-training-step losses of the step's batches, tokens the elements of each batch's `input_ids` (or of
-its first tensor). The optimizer, the GradScaler of `precision="16-mixed"`, the first LR scheduler
+at the end of each backward pass, before Lightning unscales or clips. The loss is what Lightning
+calls backward() on (gpuprof.capture.losses), summed over the step's batches: the mean of their
+training-step losses, which Lightning divides by accumulate_grad_batches (under manual
+optimization, what `manual_backward` is given); tokens are the elements of each batch's
+`input_ids` (or of its first tensor). The optimizer, the GradScaler of `precision="16-mixed"`, the first LR scheduler
 and the train DataLoader are Lightning's own (all of its optimizers). NaN forensics re-runs a bad step's batches through
 `training_step` on a copy of the module (Lightning calls it, not the module's forward), so blames
 name modules as the LightningModule holds them (`model.transformer.h.1.mlp`). Under manual
@@ -40,14 +42,13 @@ def compute_precision(lightning_precision: str) -> str | None:
 
 
 class _StepSums:
-    """A collector holding the step's loss and token sums, and ending the optimizer phase."""
+    """A collector holding the step's token sum and batches, and ending the optimizer phase."""
 
     name = "lightning_steps"
 
     def __init__(self, optimizer: torch.optim.Optimizer | None):
         self._optimizer = optimizer
         self._handle = None
-        self.loss_sum: torch.Tensor | None = None
         self.tokens = 0
         self.batches: list[Any] = []  # by reference, for NaN forensics
         self.optimizer_stepped = False
@@ -62,18 +63,11 @@ class _StepSums:
             self._handle.remove()
 
     def on_step_start(self, prof, step: int) -> None:
-        self.loss_sum, self.tokens, self.batches, self.optimizer_stepped = None, 0, [], False
+        self.tokens, self.batches, self.optimizer_stepped = 0, [], False
 
     def add_batch(self, batch: Any) -> None:
         self.tokens += batch_tokens(batch)
         self.batches.append(batch)
-
-    def add_outputs(self, outputs: Any) -> None:
-        """Lightning's batch outputs hold the training-step loss divided by accumulate_grad_batches."""
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            loss = loss.detach().float()
-            self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
 
 
 class GpuprofCallback(pl.Callback):
@@ -125,10 +119,9 @@ class GpuprofCallback(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.prof is None:
             return
-        self._call("add_outputs", outputs)
         if self._sums.optimizer_stepped:
             self.prof.end_phase("optimizer")  # the GradScaler may have skipped the torch step and its hook
-            self.prof.step(loss=self._sums.loss_sum, tokens=self._sums.tokens or None, batch=self._sums.batches)
+            self.prof.step(tokens=self._sums.tokens or None, batch=self._sums.batches)
         self.prof.begin_phase("data")
 
     def on_validation_end(self, trainer, pl_module) -> None:

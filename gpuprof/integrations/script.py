@@ -3,21 +3,29 @@
 The script runs as `python SCRIPT ARGS...` would run it (`__main__`, `sys.argv`, `sys.path[0]`),
 with gpuprof watching through torch's global hooks:
 
-- the model is the module called with grad enabled, before the first optimizer step, that holds
-  the most of that optimizer's parameters (the outermost one on a tie: DDP and compile wrappers);
-- the optimizer is the first one whose `step()` runs, with any other optimizer of that model the
-  script's frame holds (directly or in a list, tuple or dict: Muon beside AdamW) that steps before
-  the first one steps again; each step of the one stepping last ends one recorded step;
+- recording starts at the script's first backward(): the optimizer is the one optimizer (an
+  Accelerate wrapper's torch optimizer) holding parameters of a module called with grad enabled
+  that the script's frames making that call hold (the innermost frames outside torch and gpuprof,
+  their locals then their module's globals); the model is the module called so far that holds the
+  most of its parameters (the outermost one on a tie: DDP and compile wrappers). That first
+  iteration is step 0: timed from its first forward (its data time is not seen), its loss, tokens,
+  gradient norm, optimizer step and learning rate recorded; its forward calls are not on the
+  tape, so a NaN in step 0 itself says it cannot be re-run (one caused by its update is blamed at
+  step 1 as any other);
+- else (no such optimizer in reach, or several: Muon beside AdamW, whose order only their steps
+  tell; or `gpuprof tune` knobs that change the model) the optimizer is the first one whose `step()` runs, with any other optimizer of that
+  model the script's frame holds (directly or in a list, tuple or dict) that steps before the
+  first one steps again, and recording starts when that first iteration ends (meta.json's
+  config says so in "first_iteration"); each step of the one stepping last ends one recorded step;
 - the DataLoader is the last one iterated before that first step (its settings go to meta.json);
 - a GradScaler and an LR scheduler of that optimizer are found among the variables of the script's
   frame that made that first step (its locals, then its module's globals): torch keeps no registry
   of either. With a GradScaler a step ends at `scaler.update()`, which runs every iteration, where
   `optimizer.step()` does not run on the steps the scaler skips.
-The first step is spent finding them, so recording starts when it ends: step 0 of the run is the
-script's second optimizer step (under a GradScaler, the iteration after its first unskipped one).
 
 The Profiler then times the phases (gpuprof.capture.phases), gradient norms and the rest as for
-`gpuprof.profile`; tokens and the loss come from the model's calls (gpuprof.integrations.batches).
+`gpuprof.profile`; tokens come from the model's calls (gpuprof.integrations.batches), the loss
+from what backward() is called on (gpuprof.capture.losses), whatever the model returns.
 A Hugging Face `Trainer` or a Lightning `Trainer` the script builds gets gpuprof's callback
 instead (its `__init__` is wrapped once the module defining it is imported), and the global
 hooks stand down. Whatever the script does, it ends the same way it would without gpuprof: its
@@ -45,9 +53,12 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from gpuprof.capture.environment import resolve_device
+from gpuprof.capture.losses import BackwardLosses
 from gpuprof.capture.profiler import Profiler
+from gpuprof.capture.timing import clock_for
 from gpuprof.errors import GpuprofError
-from gpuprof.integrations.batches import ForwardInputs
+from gpuprof.integrations.batches import ForwardInputs, batch_tokens
 from gpuprof.integrations.knobs import KnobPatches
 from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
 from gpuprof.optimizers import params_of
@@ -55,6 +66,7 @@ from gpuprof.optimizers import params_of
 logger = logging.getLogger("gpuprof")
 
 MAX_CONTAINER_ITEMS = 64  # the largest list, tuple or dict searched for optimizers
+MAX_FRAMES = 8  # the script's frames searched for its optimizer at its first backward()
 
 TRAINER_MODULES = {  # module defining the class -> (class name, gpuprof callback module)
     "transformers.trainer": ("Trainer", "gpuprof.integrations.transformers"),
@@ -134,6 +146,9 @@ class ScriptRecorder:
         self._members: list = []  # those seen stepping in the first iteration, in order
         self._loader_iter = None
         self._inputs: ForwardInputs | None = None
+        self._first_forward = None  # (clock stamp, tokens) of the first training forward
+        self._first_losses = _FirstBackward(self._guarded(self._start_at_backward))
+        self._step0_began_early = False
         self._forward_hook = None
         self._optimizer_hooks: list = []
         self._finder = _PatchOnImport({name: functools.partial(self._patch_trainer, name) for name in TRAINER_MODULES})
@@ -148,6 +163,7 @@ class ScriptRecorder:
         self._watch_loaders()
         if self.patches is not None:
             self.patches.install()
+        self._first_losses.listen()
 
     def finish(self, status: str, error: BaseException | None = None) -> None:
         """Removes every hook and closes every recording still open (a run the script left mid-way)."""
@@ -158,6 +174,7 @@ class ScriptRecorder:
         self._stop_discovery()
         if self.patches is not None:
             self.patches.remove()
+        self._first_losses.stop()
         if self._loader_iter is not None:
             torch.utils.data.DataLoader.__iter__ = self._loader_iter
         for handle in self._optimizer_hooks:
@@ -189,11 +206,34 @@ class ScriptRecorder:
             self._loader = loader
 
     def _seen(self, module: torch.nn.Module, args) -> None:
-        """Runs on every module call until the first optimizer step; torch.compile traces skip it."""
+        """Runs on every module call until recording starts; torch.compile traces skip it."""
         if not torch.compiler.is_compiling() and torch.is_grad_enabled():
             self._called.setdefault(id(module), module)
+            if self._first_forward is None:  # the outermost module's hook runs first
+                self._first_forward = (clock_for(resolve_device(module)).stamp(), batch_tokens(args))
+
+    def _start_at_backward(self) -> None:
+        """At the script's first backward(): starts recording there when its one optimizer is in reach."""
+        if self.prof is not None or self.callbacks or self._optimizer is not None or self._first_forward is None:
+            return
+        if self.patches is not None and self.patches.model_changes:
+            return  # knobs change the model at its first optimizer step, not in the middle of a backward pass
+        found = _optimizers_in_reach(self._called.values())
+        if found is None:
+            return
+        optimizer, values = found
+        self._optimizer, self._model = optimizer, _holder_of(optimizer, self._called.values())
+        self._scaler, self._scheduler = _loop_objects(optimizer, values)
+        self._candidates, self._members = [optimizer], [optimizer]
+        if self._scaler is not None:
+            self._end_steps_at_scaler_updates()
+        self._stop_discovery()
+        self._start_recording()
+        self.prof.join_at_backward(self._first_forward[0])
+        self._step0_began_early = True
 
     def _before_step(self, optimizer, args, kwargs) -> None:
+        self._first_losses.stop()  # recording starts at the end of this iteration, if at all
         if self._optimizer is None and not self.callbacks:
             self._optimizer = optimizer
             self._model = _holder_of(optimizer, self._called.values())
@@ -217,10 +257,15 @@ class ScriptRecorder:
 
     def _end_step(self) -> None:
         if self.prof is None:
+            self.options["config"]["first_iteration"] = ("not recorded: recording starts when it ends, as no one "
+                                                         "optimizer was in reach at its first backward()")
             self._start_recording()
-        else:
-            self.prof.step(loss=self._inputs.step_loss() if self._inputs else None,
-                           tokens=(self._inputs.tokens or None) if self._inputs else None)
+            return
+        tokens = self._inputs.tokens if self._inputs else 0
+        loss = None
+        if self._step0_began_early:  # its losses and first forward came before the Profiler
+            loss, tokens, self._step0_began_early = self._first_losses.take(), tokens + self._first_forward[1], False
+        self.prof.step(loss=loss, tokens=tokens or None)
 
     def _end_steps_at_scaler_updates(self) -> None:
         """`scaler.update()` wrapped on this instance (the Profiler's own wrapper goes around it)."""
@@ -295,6 +340,57 @@ class ScriptRecorder:
                 return None
 
         return torch._dynamo.disable(guarded)  # never traced into a compiled model or optimizer step
+
+
+class _FirstBackward(BackwardLosses):
+    """The losses of the iteration before recording starts; its first backward() calls `first()`."""
+
+    def __init__(self, first: Callable[[], None]):
+        super().__init__()
+        self._first = first
+
+    def seen(self, loss: torch.Tensor) -> None:
+        super().seen(loss)
+        if self.count == 1:
+            self._first()
+
+
+def _optimizers_in_reach(modules) -> tuple[torch.optim.Optimizer, list[Any]] | None:
+    """(the one optimizer of the called `modules`, the values of the frame holding it), searching the
+    script's frames outward from the innermost outside torch and gpuprof (accelerator.backward's
+    own frame holds none); None when the first frame holding any holds several."""
+    held = {id(param) for module in modules for param in module.parameters()}
+    frame = outside((TORCH_DIR, GPUPROF_DIR))
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            return None
+        values = [*frame.f_locals.values(), *frame.f_globals.values()]
+        found = []
+        for optimizer in map(_torch_optimizer, _optimizers_among(values)):
+            if optimizer not in found and any(id(p) in held for p in params_of(optimizer)):
+                found.append(optimizer)
+        if found:
+            return (found[0], values) if len(found) == 1 else None
+        frame = frame.f_back
+    return None
+
+
+def _torch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside a wrapper (Accelerate's AcceleratedOptimizer holds it as .optimizer)."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _optimizers_among(values: list[Any]) -> list[torch.optim.Optimizer]:
+    """The optimizers among `values` or in a list, tuple or dict among them, in order, once each."""
+    found = []
+    for value in values:
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        if len(inner) > MAX_CONTAINER_ITEMS:  # a dataset held in a list, not a list of optimizers
+            continue
+        found += [item for item in inner if isinstance(item, torch.optim.Optimizer) and item not in found]
+    return found
 
 
 def _holder_of(optimizer, modules) -> torch.nn.Module | None:
@@ -381,13 +477,7 @@ def _other_optimizers(first, model: torch.nn.Module | None, values: list[Any]) -
     parameters of `model` that `first` does not."""
     if model is None:
         return []
-    found = []
-    for value in values:
-        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-        if len(inner) > MAX_CONTAINER_ITEMS:  # a dataset held in a list, not a list of optimizers
-            continue
-        found += [item for item in inner if isinstance(item, torch.optim.Optimizer) and item is not first
-                  and item not in found]
+    found = [optimizer for optimizer in _optimizers_among(values) if optimizer is not first]
     model_params = {id(param) for param in model.parameters()}
     taken = {id(param) for param in params_of(first)}
     return [optimizer for optimizer in found

@@ -8,8 +8,9 @@ hooks (from the end of the previous step, or of the logging, saving or evaluatio
 followed it, to `on_step_begin`: the Trainer fetches all of a step's micro-batches there);
 `forward` and `backward` are the Profiler's automatic phases (gpuprof.capture.phases);
 `optimizer` runs from `on_pre_optimizer_step` to `on_optimizer_step` (the GradScaler's
-step included, clipping not). The loss recorded is the step's loss as the Trainer logs it
-and tokens are the `input_ids` elements processed, both kept on the device. The GradScaler
+step included, clipping not). The loss recorded is what the Trainer calls backward() on, summed
+over the step's micro-batches (gpuprof.capture.losses), and tokens are the `input_ids` elements
+processed, both kept on the device. The GradScaler
 (fp16), the LR scheduler and the train DataLoader are the Trainer's own.
 """
 
@@ -64,7 +65,7 @@ class GpuprofCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.prof is not None:
-            self.prof.step(loss=self._inputs.step_loss(), tokens=self._inputs.tokens or None)
+            self.prof.step(tokens=self._inputs.tokens or None)
             self.prof.begin_phase("data")
 
     def _restart_data(self) -> None:

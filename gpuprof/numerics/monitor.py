@@ -108,6 +108,12 @@ class NumericsMonitor:
         self._keeping.current = None
         self._begun_at_phase = False
 
+    def on_join_at_backward(self, prof, step: int) -> None:
+        """The step's forward ran before this collector started: its state and hyperparameters are
+        those of its start still (a backward pass changes neither)."""
+        if self._keeping.current is None:
+            self._keeping.begin(step)
+
     def on_after_backward(self, prof, step: int) -> None:
         if self._gradients is None:
             self._keeping.after_backward()

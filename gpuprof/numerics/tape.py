@@ -3,12 +3,19 @@
 Most loops compute the loss outside the model (`F.cross_entropy(model(x).logits, y)`), so the
 model's forward calls alone do not say what the backward pass started from. The tape keeps:
 - every training forward call of the root module (its arguments, by reference), and
-- the torch calls made between the end of a forward call and `backward()`: the loss program.
+- the loss program: the torch calls between the end of a forward call and `backward()` on the
+  path from the model's outputs (and its parameters) to the tensor backward() is called on.
   A TorchFunctionMode is on the mode stack only around that window (pushed by the root module's
-  forward hook, popped as backward() returns: see _LeaveWhenDropped). It sees the few calls a loss takes,
-  above autograd and autocast, and stores them with tensors replaced by references: an output of
-  a forward call, a result of an earlier call, a parameter by name, or any other tensor (the
-  targets) by reference, like batches.
+  forward hook, popped as backward() returns: see _LeaveWhenDropped). It sees every call there,
+  above autograd and autocast, and keeps a call only when one of its tensors is a model output, a
+  parameter or the result of a call it kept: the loop's other work in the window (nanoGPT fetches
+  the next batch between forward and backward, about 8 calls a sample) is not kept, and the
+  tensors it made enter the program by reference (the targets), like batches. When backward()
+  runs, the calls its tensor does not depend on (a metric on the logits) are dropped too, so the
+  program is what the loss depends on, whatever the batch size. Kept calls store their tensors as
+  references: an output of a forward call, a result of an earlier call, a parameter by name, or
+  any other tensor by reference. Past MAX_LOSS_CALLS kept calls in one window the step's tape
+  stops, and its event says so.
 When backward() ran straight from a model output (the model computed its loss: Hugging Face
 `labels=`) in DIRECT_AFTER micro-batches in a row, the window stays shut: calls passing through a
 mode cost about 1.3 us each, and a CPU `clip_grad_norm_` makes one per parameter. The end of the
@@ -37,7 +44,7 @@ from gpuprof.numerics.watch import format_frame, user_frame
 
 DIRECT_AFTER = 3  # micro-batches in a row whose backward() ran on a model output
 VERIFY_EVERY = 50  # steps between two recorded windows once the loss is known to be the output
-MAX_LOSS_CALLS = 256  # more than a loss takes: the window is then not a loss computation
+MAX_LOSS_CALLS = 4096  # calls on the path from the model's outputs: far more than any loss takes
 _BACKWARDS = (torch.Tensor.backward, torch.autograd.backward)
 _SCALE_MULTIPLIES = {"mul", "__mul__", "__rmul__"}
 FORWARD_ARGS, FORWARD_KWARGS = "gpuprof_forward_args", "gpuprof_forward_kwargs"
@@ -206,6 +213,7 @@ class Tape:
         self._direct_target: Output | None = None
         self._direct_seen_at: int | None = None  # the step whose window last saw it
         self._awaiting_backward = False  # a forward whose window stayed shut
+        self._kept_calls = 0  # loss calls kept in the open window
 
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
@@ -225,6 +233,10 @@ class Tape:
 
     def on_step_start(self, prof, step: int) -> None:
         self._step_index = step
+
+    def on_join_at_backward(self, prof, step: int) -> None:
+        self._step.error = ("the step began before gpuprof started recording (gpuprof run starts at the "
+                            "script's first backward()): its forward calls were not recorded")
 
     def on_after_backward(self, prof, step: int) -> None:
         if self._awaiting_backward:
@@ -302,10 +314,14 @@ class Tape:
         results = leaves(out)
         if not results and not _mutates(func):
             return  # .size(), .item(), .shape: nothing the loss can depend on
+        if not self._from_model(args, kwargs):
+            return  # the loop's other work (its next batch): what it made enters by reference
         items = self._micro.items
         index = len(items)
-        if index >= MAX_LOSS_CALLS:
-            raise RuntimeError(f"more than {MAX_LOSS_CALLS} torch calls between forward and backward")
+        self._kept_calls += 1
+        if self._kept_calls > MAX_LOSS_CALLS:
+            raise RuntimeError(f"more than {MAX_LOSS_CALLS} torch calls on the path from the model's outputs "
+                               "before backward(): not a loss computation gpuprof keeps")
         self._uses_scale = False
         encode = self._encode_tensor
         items.append(LossCall(func, _map(args, torch.Tensor, encode), _map(kwargs, torch.Tensor, encode),
@@ -316,11 +332,22 @@ class Tape:
         for leaf, tensor in enumerate(results):
             known[id(tensor)] = (Result(index, leaf), tensor)
 
+    def _from_model(self, args, kwargs) -> bool:
+        """Whether a call takes a model output, a parameter or a result of a kept call."""
+        known, names = self._known, self._names()
+        for tensor in (*leaves(args), *leaves(kwargs)):
+            found = known.get(id(tensor))
+            if found is not None and found[1] is tensor or id(tensor) in names:
+                return True
+        return False
+
     def close_micro_batch(self, tensor) -> None:
         micro, self._micro = self._micro, None
+        self._kept_calls = 0
         known = self._known.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
         if micro is not None and known is not None:
             micro.target = self._unscaled(micro, known[0]) if self._scale_derived(micro, known[0]) else known[0]
+            _keep_what_the_target_needs(micro)
         elif micro is not None:
             self._step.error = "backward() was called on a tensor computed where gpuprof could not see it"
         if micro is not None:
@@ -396,6 +423,40 @@ class Tape:
         if self._pushed and _top_mode() is self._window:
             torch._C._pop_torch_function_stack()
             self._pushed = False
+
+
+def _keep_what_the_target_needs(micro: MicroBatch) -> None:
+    """Drops the loss calls the target does not depend on; forward calls stay (they are the step's).
+    A call mutating a tensor that a needed call reads is needed too (it ran before that read)."""
+    needed: set[int] = {ref.item for ref in _references(micro.target)}
+    for index in range(len(micro.items) - 1, -1, -1):
+        item = micro.items[index]
+        if not isinstance(item, LossCall):
+            continue
+        refs = {ref.item for ref in _references((item.args, item.kwargs))}
+        if index in needed or _mutates(item.func) and refs & needed:
+            needed |= refs
+            needed.add(index)
+    kept = [index for index, item in enumerate(micro.items) if not isinstance(item, LossCall) or index in needed]
+    if len(kept) == len(micro.items):
+        return
+    new_index = {old: new for new, old in enumerate(kept)}
+
+    def renumber(ref):
+        return type(ref)(new_index[ref.item], ref.leaf) if isinstance(ref, (Output, Result)) else ref
+
+    items = [micro.items[index] for index in kept]
+    for item in items:
+        if isinstance(item, LossCall):
+            item.args, item.kwargs = _map(item.args, REFERENCES, renumber), _map(item.kwargs, REFERENCES, renumber)
+    micro.items, micro.target = items, _map(micro.target, REFERENCES, renumber)
+
+
+def _references(value) -> list:
+    """The Output and Result references in a value (at any depth)."""
+    found: list = []
+    _map(value, REFERENCES, lambda ref: found.append(ref) if isinstance(ref, (Output, Result)) else None)
+    return found
 
 
 def _top_mode():

@@ -90,12 +90,12 @@ def test_an_accelerate_loop_gets_the_blame(tmp_path):
 
 
 def test_an_unmodified_script_under_gpuprof_run_gets_the_blame(tmp_path):
-    """The script writes a NaN into its embedding before its step 3, which is the run's step 2 (the
-    script's first optimizer step is spent finding the model and optimizer)."""
+    """The script writes a NaN into its embedding before its step 3, which is the run's step 3 (the
+    run records from the script's first iteration)."""
     done = gpuprof_run("--run-dir", tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "4",
                        "--nan-embedding-at", "3")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert blame(tmp_path / "run") == (2, "state", "transformer.wte", None, "nan")
+    assert blame(tmp_path / "run") == (3, "state", "transformer.wte", None, "nan")
 
 
 def test_the_skip_policy_undoes_lightnings_bad_updates(tmp_path):

@@ -47,11 +47,14 @@ def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
     assert done.stdout == bare_run(*script_args).stdout  # and its losses are those of a bare run
     run = gpuprof.load_run(tmp_path / "run")
     steps = run.steps
-    assert steps["step"].tolist() == [0, 1, 2, 3]  # the script's first optimizer step finds model and optimizer
-    assert steps["micro_batches"].tolist() == [2, 2, 2, 2]
+    assert steps["step"].tolist() == [0, 1, 2, 3, 4]  # from the first iteration on
+    assert steps["micro_batches"].tolist() == [2, 2, 2, 2, 2]
     assert (steps["tokens"] == 2 * BATCH * SEQ).all()
     assert np.isfinite(steps["grad_norm"]).all() and (steps["grad_norm"] > 0).all()
-    assert_phases_cover_the_steps(steps)
+    assert np.isfinite(steps["loss"]).all()  # what backward() ran on (the model returns no loss)
+    assert_phases_cover_the_steps(steps[steps["step"] > 0])
+    first = steps.iloc[0]  # recording starts at its first backward(): its data time was not seen
+    assert np.isnan(first["data_time_s"]) and (first[["forward_time_s", "backward_time_s", "optimizer_time_s"]] > 0).all()
     assert run.meta["status"] == "finished"
     assert run.meta["model"]["class"] == "GPT2LMHeadModel"
     assert run.meta["loop"]["loader"]["batch_size"] == BATCH
@@ -61,7 +64,9 @@ def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is torch 2.9+")
 def test_a_loop_stepping_two_optimizers_is_recorded_with_both(tmp_path):
     run = recorded_like_bare(tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "4", "--accumulation", "1", "--muon")
-    assert run.steps["step"].tolist() == [0, 1, 2]  # found in the first iteration, as with one optimizer
+    # two optimizers: their order is known once both stepped, so recording starts after the first iteration
+    assert run.steps["step"].tolist() == [0, 1, 2]
+    assert run.meta["config"]["first_iteration"].startswith("not recorded")
     facts = run.meta["loop"]["optimizer"]
     assert [member["class"] for member in facts["members"]] == ["Muon", "AdamW"]
     assert facts["params_without_optimizer"] == 0
@@ -73,7 +78,7 @@ def test_a_compiled_model_is_recorded_and_compiles_as_without_gpuprof(tmp_path):
     run = recorded_like_bare(tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "3", "--accumulation", "1",
                              "--compile")
     assert run.meta["model"]["wrapper"] == "OptimizedModule" and run.meta["loop"]["model"]["compiled"]
-    assert run.steps["step"].tolist() == [0, 1] and (run.steps["grad_norm"] > 0).all()
+    assert run.steps["step"].tolist() == [0, 1, 2] and (run.steps["grad_norm"] > 0).all()
 
 
 def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
@@ -83,7 +88,7 @@ def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
     assert "gpuprof/integrations" not in done.stderr  # the traceback Python would print
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["status"] == "failed"
-    assert run.steps["step"].tolist() == [0, 1]
+    assert run.steps["step"].tolist() == [0, 1, 2]
 
 
 def test_a_missing_script_is_one_line_and_exit_code_2(tmp_path):
@@ -132,8 +137,8 @@ def test_a_grad_scaler_and_lr_scheduler_are_found_and_skipped_steps_are_steps(tm
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == bare_run(*script_args).stdout
     steps = gpuprof.load_run(tmp_path / "run").steps.set_index("step")
-    assert steps.index.tolist() == list(range(7))  # step 0 is the second iteration
-    assert steps["step_skipped"].tolist() == [False, False, False, False, True, False, False]
+    assert steps.index.tolist() == list(range(8))  # step 0 is the first iteration
+    assert steps["step_skipped"].tolist() == [False] * 5 + [True, False, False]
     scales = steps["scaler_scale"].tolist()
-    assert scales[4] == scales[3] / 2  # the skip halves the scale
+    assert scales[5] == scales[4] / 2  # the skip halves the scale
     assert steps["lr"].notna().all() and steps["lr"].iloc[-1] < steps["lr"].iloc[0]  # the scheduler's

@@ -44,3 +44,60 @@ def limit_lightning_trainer(max_steps: int) -> None:
         trainer_init(trainer, *args, **kwargs)
 
     lightning.Trainer.__init__ = __init__
+
+
+# ---------------------------------------------------------------------------------------------- faults
+# Each breaks a training script from outside it, as its own bug would: through torch's global hooks
+# or a wrapper around a class of the script's own module, never by editing the script.
+def nanogpt_lr_spike(at_call: int, lr: float) -> None:
+    """Every optimizer's lr set to `lr` before nanoGPT's training call `at_call` (after the loop set
+    that iteration's lr from its schedule): that iteration's update is made with it."""
+    import torch
+
+    optimizers = []
+    init = torch.optim.Optimizer.__init__
+
+    @functools.wraps(init)
+    def remembering_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        optimizers.append(self)
+
+    torch.optim.Optimizer.__init__ = remembering_init
+
+    def spike(gpt):
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+    _before_training_forward("model", "GPT", at_call, spike)
+
+
+def _before_training_forward(module_name: str, class_name: str, at_call: int, fault: Callable) -> None:
+    """fault(model) runs before the `at_call`-th training call (grad enabled, from 0) of `class_name`."""
+    import torch
+
+    def patch(module):
+        cls = getattr(module, class_name)
+        forward, calls = cls.forward, iter(range(1 << 62))
+
+        @functools.wraps(forward)
+        def faulty_forward(self, *args, **kwargs):
+            if torch.is_grad_enabled() and next(calls) == at_call:
+                with torch.no_grad():
+                    fault(self)
+            return forward(self, *args, **kwargs)
+
+        cls.forward = faulty_forward
+
+    after_import(module_name, patch)
+
+
+def nanogpt_bad_embedding_row(at_call: int, row: int = 0) -> None:
+    """A NaN written into row `row` of nanoGPT's token embedding before training call `at_call`."""
+    _before_training_forward("model", "GPT", at_call, lambda gpt: gpt.transformer.wte.weight[row].fill_(float("nan")))
+
+
+def nanogpt_attention_overflow(at_call: int, scale: float = 1e25) -> None:
+    """The first block's query/key/value weights scaled by `scale` before training call `at_call`:
+    finite weights whose attention scores overflow."""
+    _before_training_forward("model", "GPT", at_call, lambda gpt: gpt.transformer.h[0].attn.c_attn.weight.mul_(scale))

@@ -17,14 +17,15 @@ def assert_recorded(result, steps: int):
 def test_nanogpt_train_py_is_recorded(tmp_path):
     result = run_nanogpt(tmp_path, max_iters=6)
     assert "iter 6: loss" in result.stdout  # the script ran as itself: iterations 0..6
-    run = assert_recorded(result, steps=6)  # the first is spent finding the model and optimizer
+    run = assert_recorded(result, steps=7)  # from the first iteration on
     assert run.meta["model"]["class"] == "GPT"
 
 
 def test_accelerate_clm_example_is_recorded(tmp_path):
     result = run_accelerate_clm(tmp_path)
     assert "eval perplexity" in result.stdout
-    run = assert_recorded(result, steps=3 * CLM_LINES // 2 - 1)
+    run = assert_recorded(result, steps=3 * CLM_LINES // 2)  # 3 epochs, 2 lines a batch, the first included
+    assert run.steps["loss_finite"].all()  # what accelerator.backward() was given
     assert run.meta["model"]["class"] == "GPT2LMHeadModel"
 
 

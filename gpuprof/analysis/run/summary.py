@@ -201,6 +201,7 @@ WHOLE_RUN_FIGURES = {
     "peak_rss_bytes": q.maximum("mem_rss_bytes"),
     "loss_first": q.first("loss"),
     "loss_last": q.last("loss"),
+    "loss_steps": q.count("loss_finite"),  # steps that recorded a loss
     "nonfinite_loss_steps": q.count_where(q.is_false("loss_finite")),
     "nonfinite_grad_steps": q.count_where(q.is_false("grad_norm_finite")),
     "skipped_steps": q.count_where(q.is_true("step_skipped")),
@@ -231,7 +232,10 @@ def phase_split_pct(figures: dict) -> dict:
 
 def health(figures: dict) -> dict:
     """Loss, gradient and GradScaler figures over every step (problems in warm-up count too)."""
-    return {key: int(figures[key] or 0) if key in COUNT_KEYS else figures[key] for key in HEALTH_KEYS}
+    values = {key: int(figures[key] or 0) if key in COUNT_KEYS else figures[key] for key in HEALTH_KEYS}
+    if not figures["loss_steps"]:
+        values["nonfinite_loss_steps"] = None  # no step recorded a loss: n/a, never "0 non-finite"
+    return values
 
 
 PER_RANK_FIGURES = {

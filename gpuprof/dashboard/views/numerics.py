@@ -13,7 +13,7 @@ from gpuprof.dashboard.charts import loss_panel, scaler_panel
 from gpuprof.dashboard.views.common import (
     escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel,
 )
-from gpuprof.report.format import value_text
+from gpuprof.report.format import figure, value_text
 from gpuprof.run.schema import NUMERICS_DIR
 
 BLAME_FIELDS = ("step", "rank", "phase", "module", "op", "first", "tensor", "dtype", "shape",
@@ -76,7 +76,7 @@ def render(root, entries, selected) -> None:
         if report.blames.empty:
             health = report.summary.health
             st.success(
-                f"No NaN/Inf recorded: {health['nonfinite_loss_steps']} non-finite loss steps, "
+                f"No NaN/Inf recorded: {figure(health['nonfinite_loss_steps'])} non-finite loss steps, "
                 f"{health['nonfinite_grad_steps']} non-finite gradient steps, "
                 f"{health['skipped_steps']} steps skipped by GradScaler."
             )

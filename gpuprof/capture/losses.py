@@ -1,0 +1,116 @@
+"""The loss is what backward() is called on.
+
+Whatever the model returns (a tuple, a dict, a dataclass, a tensor) and wherever the loop computes
+its loss, it calls backward() on it, and every way in ends in `torch.autograd.backward`:
+`loss.backward()`, `scaler.scale(loss).backward()`, `accelerator.backward(loss)`, Lightning's
+automatic optimization and its `manual_backward(loss)`. While a BackwardLosses listens, that
+function is wrapped (one Python call per backward pass) and the tensor it is given is taken:
+- a one-element tensor only (backward(gradient=...) on a larger one has no loss to record);
+- under a GradScaler the tensor is `loss * scale`: the loss taken is the one `scaler.scale()` was
+  given (GradScaler.scale is wrapped likewise), never the scaled one, which can overflow alone;
+- under gradient accumulation the step's loss is the sum of its micro-batches' tensors, which
+  is what the optimizer step's gradient is the gradient of: a loop dividing each micro-batch's
+  loss by the number of micro-batches (nanoGPT, Accelerate, Lightning) records their mean.
+The sum stays on the device (one add per micro-batch, no host-device sync). A backward pass of
+no loss the loop runs (none at all, or only `torch.autograd.grad`) records no loss, which the
+report shows as n/a.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+
+import torch
+
+logger = logging.getLogger("gpuprof")
+
+_listeners: list["BackwardLosses"] = []
+_originals: dict[str, object] = {}
+
+
+class BackwardLosses:
+    """The sum of the one-element tensors backward() was called on since the last take()."""
+
+    def __init__(self):
+        self._sum: torch.Tensor | None = None
+        self.count = 0  # backward passes taken since the last take()
+
+    def listen(self) -> None:
+        if not _listeners:
+            _install()
+        if self not in _listeners:
+            _listeners.append(self)
+
+    def stop(self) -> None:
+        if self in _listeners:
+            _listeners.remove(self)
+        if not _listeners:
+            _uninstall()
+
+    def take(self) -> torch.Tensor | None:
+        """The step's loss (None when no backward pass took one); the next step starts from zero."""
+        loss, self._sum, self.count = self._sum, None, 0
+        return loss
+
+    def seen(self, loss: torch.Tensor) -> None:
+        self._sum = loss if self._sum is None else self._sum + loss
+        self.count += 1
+
+
+class _Scaled:
+    """The last `scaler.scale(loss)`: its output, weakly, and the loss it was given."""
+
+    output: "weakref.ref[torch.Tensor] | None" = None
+    loss: torch.Tensor | None = None
+
+
+def _loss_of(tensors) -> torch.Tensor | None:
+    tensor = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or torch._C._current_autograd_node() is not None:
+        return None  # not a loss, or a backward inside a backward pass (reentrant checkpointing)
+    if _Scaled.output is not None and _Scaled.output() is tensor:
+        tensor = _Scaled.loss
+    _Scaled.output = _Scaled.loss = None
+    return tensor.detach().float().reshape(())
+
+
+def _take(tensors) -> None:
+    try:
+        loss = _loss_of(tensors)
+        if loss is not None:
+            for listener in list(_listeners):
+                listener.seen(loss)
+    except Exception as error:  # noqa: BLE001 - never fail the user's backward pass
+        logger.warning("gpuprof: cannot read the loss at backward(): %r; no loss is recorded", error)
+        _uninstall()
+        _listeners.clear()
+
+
+def _install() -> None:
+    backward = _originals["backward"] = torch.autograd.backward
+    scale = _originals["scale"] = torch.amp.GradScaler.scale
+
+    @functools.wraps(backward)
+    def backward_taking_the_loss(tensors, *args, **kwargs):
+        _take(tensors)
+        return backward(tensors, *args, **kwargs)
+
+    @functools.wraps(scale)
+    def scale_noting_the_loss(scaler, outputs):
+        scaled = scale(scaler, outputs)
+        if isinstance(outputs, torch.Tensor) and scaled is not outputs:
+            _Scaled.output, _Scaled.loss = weakref.ref(scaled), outputs.detach()
+        return scaled
+
+    torch.autograd.backward = torch._dynamo.disable(backward_taking_the_loss)
+    torch.amp.GradScaler.scale = scale_noting_the_loss
+
+
+def _uninstall() -> None:
+    if "backward" in _originals:
+        torch.autograd.backward = _originals.pop("backward")
+    if "scale" in _originals:
+        torch.amp.GradScaler.scale = _originals.pop("scale")
+    _Scaled.output = _Scaled.loss = None

@@ -1,0 +1,64 @@
+"""On nanoGPT's train.py, unmodified (its model returns `(logits, loss)`, its loop fetches the next batch
+between forward and backward): every step carries the loss, from the first iteration on, and at batch
+64 a NaN is blamed with its step, phase, module, op and cause. Faults are patched in at run time."""
+
+from __future__ import annotations
+
+import numpy as np
+from numerics.numerics_helpers import events
+from script_corpus import run_nanogpt
+
+from gpuprof.analysis.run import summarize
+
+BATCH_64 = dict(batch_size=64, block_size=32)
+
+
+def nonfinite_event(result) -> dict:
+    [event] = events(result.run_dir, "nonfinite")
+    return event
+
+
+def test_ten_optimizer_steps_are_ten_rows_each_with_the_loss_backward_ran_on(tmp_path):
+    result = run_nanogpt(tmp_path, max_iters=9)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = result.run.steps
+    assert steps["step"].tolist() == list(range(10))  # iterations 0..9, the first included
+    printed = [float(line.split("loss ")[1].split(",")[0]) for line in result.stdout.splitlines()
+               if line.startswith("iter ")]
+    np.testing.assert_allclose(steps["loss"], printed, atol=1e-4)  # the loss of the model's tuple
+    assert (steps["tokens"] == 4 * 32).all() and np.isfinite(steps["grad_norm"]).all()
+    assert summarize(result.run).health["nonfinite_loss_steps"] == 0
+
+
+def test_an_lr_spike_in_the_first_iteration_is_blamed_at_batch_64(tmp_path):
+    result = run_nanogpt(tmp_path, patches=[("corpus_patches:nanogpt_lr_spike", {"at_call": 0, "lr": 1e30})],
+                         max_iters=5, **BATCH_64)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = result.run
+    assert run.steps["loss_finite"].notna().all()  # every step recorded its loss, NaN ones too
+    assert summarize(run).health["nonfinite_loss_steps"] == 5  # steps 1..5, after the update of step 0
+    event = nonfinite_event(result)
+    print(event)
+    assert (event["step"], event["phase"]) == (1, "forward")
+    assert event["module"].startswith("transformer.h.0") and event["op"]
+    assert event["cause"]["step"] == 0 and event["cause"]["lr"] == 1e30
+
+
+def test_an_overflow_in_attention_is_blamed_at_batch_64(tmp_path):
+    result = run_nanogpt(tmp_path, patches=[("corpus_patches:nanogpt_attention_overflow", {"at_call": 3})],
+                         max_iters=4, **BATCH_64)
+    assert result.returncode == 0, result.stderr[-3000:]
+    event = nonfinite_event(result)
+    print(event)
+    assert (event["step"], event["phase"], event["module"]) == (3, "forward", "transformer.h.0.attn")
+    assert "scaled_dot_product" in event["op"] and event["input_absmax"] > 1e20
+
+
+def test_a_bad_embedding_row_is_blamed_at_batch_64(tmp_path):
+    result = run_nanogpt(tmp_path, patches=[("corpus_patches:nanogpt_bad_embedding_row", {"at_call": 2})],
+                         max_iters=3, **BATCH_64)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summarize(result.run).health["nonfinite_loss_steps"] == 2  # steps 2 and 3
+    event = nonfinite_event(result)
+    print(event)
+    assert (event["step"], event["phase"], event["module"], event["first"]) == (2, "state", "transformer.wte", "nan")
