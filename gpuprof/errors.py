@@ -18,6 +18,10 @@ class RunFormatError(GpuprofError):
     """A run directory gpuprof cannot read: newer format version, corrupt meta."""
 
 
+class DamagedFileError(RunFormatError):
+    """One rank's record file that cannot be read as its stream: readers leave that rank out and say so."""
+
+
 class TraceFormatError(GpuprofError):
     """A file that is not a readable torch.profiler Chrome trace."""
 

@@ -22,13 +22,14 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import torch
 
 from gpuprof.errors import GpuprofError
+from gpuprof.validation import misfit
 
 FORMAT = "gpuprof-numerics-bundle"
 FORMAT_VERSION = 1
-_REQUIRED = ("step", "rank", "model_state", "optimizer", "rng", "micro_batches", "inputs", "blame")
 
 
 class BundleError(GpuprofError):
@@ -100,10 +101,58 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
 def _check(path: Path, contents: Any) -> None:
     if not isinstance(contents, dict) or contents.get("format") != FORMAT:
         raise BundleError(f"{path} is not a gpuprof replay bundle")
-    if contents.get("format_version", 0) > FORMAT_VERSION:
-        raise BundleError(f"{path} was written by a newer gpuprof (bundle version {contents['format_version']})")
-    missing = [key for key in _REQUIRED if key not in contents]
-    if missing:
-        raise BundleError(f"{path} is incomplete: missing {', '.join(missing)}")
-    if not all(isinstance(v, torch.Tensor) for v in contents["model_state"].values()):
-        raise BundleError(f"{path} holds a model state that is not all tensors")
+    version = contents.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise BundleError(f"{path} is not a replay bundle (format_version is {version!r})")
+    if version > FORMAT_VERSION:
+        raise BundleError(f"{path} was written by a newer gpuprof (bundle version {version})")
+    problem = misfit(contents, Bundle)
+    if problem is not None:
+        raise BundleError(f"{path} is not a replay bundle gpuprof can run ({problem})")
+
+
+class _Shape(msgspec.Struct, forbid_unknown_fields=False):
+    pass
+
+
+class ParamGroup(_Shape):
+    params: list[int]
+    lr: Any  # a number, or a one-element tensor (a compiled optimizer's): msgspec unions take no tensor
+
+
+class OptimizerState(_Shape):
+    state: dict[int, dict[str, Any]]
+    param_groups: list[ParamGroup]
+
+
+class OptimizerEntry(_Shape, rename={"class_name": "class"}):
+    class_name: str
+    state_dict: OptimizerState
+    params: list[str]
+
+
+class Inputs(_Shape):
+    training: bool
+    autocast: dict[str, str] | None = None
+
+
+class Builder(_Shape):
+    name: str | None = None
+    config: dict[str, Any] | None = None
+
+
+class Bundle(_Shape):
+    """What `gpuprof replay` reads from a bundle (the layout above), checked once at load."""
+
+    step: int
+    rank: int
+    model_state: dict[str, torch.Tensor]
+    optimizer: OptimizerEntry | list[OptimizerEntry] | None
+    rng: dict[str, Any]
+    micro_batches: list[Any]
+    inputs: Inputs
+    blame: dict[str, Any]
+    scaler: dict[str, Any] | None = None
+    loss: str = "default"
+    builder: Builder | None = None
+    device_type: str | None = None

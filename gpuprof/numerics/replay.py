@@ -94,7 +94,12 @@ def _model_and_loss(contents: dict[str, Any], model, loss_fn):
     if builder.get("name") not in BUILDERS:
         raise BundleError("this bundle's model cannot be rebuilt from the command line; replay it from Python "
                           "with gpuprof.numerics.replay.replay(path, model=..., loss_fn=...)")
-    model, built_loss = BUILDERS[builder["name"]](builder.get("config") or {})
+    try:
+        model, built_loss = BUILDERS[builder["name"]](builder.get("config") or {})
+    except BundleError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a config that builds no model is bad input
+        raise BundleError(f"this bundle's {builder['name']} model config builds no model: {error!r}") from None
     if contents["loss"] == "custom" and loss_fn is None:
         if built_loss is None:
             raise BundleError("this bundle's step used a custom loss_fn, which a bundle cannot carry; replay it "
@@ -113,10 +118,13 @@ def _optimizer(saved: dict[str, Any] | list[dict[str, Any]] | None, model: torch
         raise BundleError(f"the bundle's optimizer {saved['class']!r} is not a torch.optim optimizer")
     by_name = dict(model.named_parameters())
     names, state_dict = saved["params"], saved["state_dict"]
-    groups = [{"params": [by_name[names[i]] for i in group["params"]], "lr": group["lr"]}
-              for group in state_dict["param_groups"]]
-    optimizer = cls(groups)
-    optimizer.load_state_dict(state_dict)
+    try:
+        groups = [{"params": [by_name[names[i]] for i in group["params"]], "lr": group["lr"]}
+                  for group in state_dict["param_groups"]]
+        optimizer = cls(groups)
+        optimizer.load_state_dict(state_dict)
+    except (IndexError, KeyError, ValueError, TypeError) as error:
+        raise BundleError(f"the bundle's {saved['class']} state does not fit the model: {error!r}") from None
     return optimizer
 
 
@@ -124,7 +132,10 @@ def _scaler(saved: dict[str, Any] | None, device: torch.device):
     if not saved:
         return None
     scaler = torch.amp.GradScaler(device.type)
-    scaler.load_state_dict(saved)
+    try:
+        scaler.load_state_dict(saved)
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise BundleError(f"the bundle's GradScaler state is not one: {error!r}") from None
     return scaler
 
 

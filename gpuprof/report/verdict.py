@@ -113,6 +113,8 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     stopped = next((f for f in findings if f.category == "failure" and f.severity == "critical"), None)
     if stopped is not None:
         return Verdict("failure", None, f"{stopped.title}.", next_step("failure", findings))
+    if summary.n_steps == 0 and summary.damaged_ranks:
+        return unreadable_steps(summary.damaged_ranks)
     if summary.n_steps == 0:
         return missing("steps", "The run recorded no step.")
     trouble = critical_trouble(summary, findings)
@@ -127,6 +129,14 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     if signal is not None:
         return unmeasured(signal, summary, shares)
     return measured("compute", shares["compute"], sources["compute"], findings, meta)
+
+
+def unreadable_steps(ranks: list[int]) -> Verdict:
+    """Steps were recorded, in files that cannot be read: not a loop that did not step."""
+    named = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    return Verdict(None, None, f"The steps files of rank(s) {named} are damaged and were left out (see the "
+                   "notes); no other rank has readable steps.",
+                   "Restore the damaged files from a copy, or record the run again.", missing="readable steps")
 
 
 def with_failed_rules(verdict: Verdict, failures: list[str]) -> Verdict:

@@ -22,7 +22,6 @@ import os
 import re
 import tempfile
 import threading
-import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -30,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuprof.errors import DamagedFileError
 from gpuprof.run import schema
+from gpuprof.run.reader import arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame
 
 # DuckDB's own budget; the process adds Python, pandas and the answers on top.
 MEMORY_LIMIT = os.environ.get("GPUPROF_QUERY_MEMORY", "512MB")
@@ -223,6 +224,7 @@ class RunQuery:
         self.run = run
         self._lock = threading.Lock()
         self._described: dict[tuple, dict[str, str]] = {}
+        self._damaged: dict[str, list[int]] = {}  # stream -> ranks whose file was left out
 
     @cached_property
     def _connection(self):
@@ -244,8 +246,6 @@ class RunQuery:
         """Readable Parquet file per rank and stream; unreadable ones warned about once."""
         files: dict[str, dict[int, Path]] = {stream: {} for stream in schema.STREAMS}
         self._rows: dict[str, dict[int, int]] = {stream: {} for stream in schema.STREAMS}
-        import pyarrow.parquet as pq
-
         for rank in self.run.ranks:
             rank_dir = self.run.path / schema.rank_dir_name(rank)
             for stream in schema.STREAMS:
@@ -253,17 +253,26 @@ class RunQuery:
                 if not path.is_file():
                     continue
                 try:
-                    self._rows[stream][rank] = pq.read_metadata(path).num_rows
-                except Exception as error:  # noqa: BLE001 - any damage: the rank is left out, the rest read
-                    warnings.warn(f"gpuprof: {path}: unreadable, rank {rank} left out ({error})", stacklevel=2)
+                    self._rows[stream][rank] = _checked_parquet(path, stream)
+                except DamagedFileError as error:
+                    self._left_out(stream, rank, error)
                     continue
                 files[stream][rank] = path
         return files
 
+    def _left_out(self, stream: str, rank: int, error: DamagedFileError) -> None:
+        self._damaged.setdefault(stream, []).append(rank)
+        left_out(error, rank)
+
+    @property
+    def damaged_ranks(self) -> list[int]:
+        """Ranks whose steps file is there but cannot be read (left out, with a warning)."""
+        self._jsonl_frames  # noqa: B018
+        return sorted(self._damaged.get("steps", []))
+
     @cached_property
     def _jsonl_frames(self) -> dict[str, pd.DataFrame]:
         """Streams of ranks not compacted (a live or killed run), read by the reader: small by nature."""
-        from gpuprof.run.reader import read_jsonl_frame
 
         frames = {}
         for stream in schema.STREAMS:
@@ -271,7 +280,10 @@ class RunQuery:
             for rank in self.run.ranks:
                 path = self.run.path / schema.rank_dir_name(rank) / f"{stream}.jsonl"
                 if rank not in self._files[stream] and path.is_file():
-                    parts.append(read_jsonl_frame(path, stream))
+                    try:
+                        parts.append(read_jsonl_frame(path, stream))
+                    except DamagedFileError as error:
+                        self._left_out(stream, rank, error)
             parts = [p for p in parts if not p.empty]
             if parts:
                 frame = pd.concat(parts, ignore_index=True)
@@ -427,6 +439,26 @@ class RunQuery:
         )
 
 
+def _checked_parquet(path: Path, stream: str) -> int:
+    """The rows of a rank's Parquet file, from its footer; DamagedFileError when it cannot be read or a column
+    holds the wrong kind of value."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_metadata(path)
+        kinds = {field.name: arrow_kind(field.type) for field in metadata.schema.to_arrow_schema()}
+        for column, kind in kinds.items():  # the writer stores a column of only nulls as float
+            if kind == "number" and schema.column_kind(stream, column) not in (None, "number", "flag"):
+                values = pq.read_table(path, columns=[column]).column(column)
+                kinds[column] = "null" if values.null_count == len(values) else kind
+    except Exception as error:  # noqa: BLE001 - any damage means the same: this file cannot be read
+        raise DamagedFileError(f"{path}: unreadable ({error})") from None
+    problem = column_problem(stream, kinds)
+    if problem is not None:
+        raise DamagedFileError(f"{path}: {problem}")
+    return metadata.num_rows
+
+
 def _exact_or_estimate(aggregate: Agg, rows: int) -> str:
     return _approx(aggregate) if aggregate.holistic and rows > EXACT_QUANTILE_MAX_ROWS else aggregate.sql
 
@@ -477,9 +509,7 @@ def _arrow_ready(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
 def _as_reader_frame(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
     """The rows as the reader gives them: `details` parsed, list columns as lists."""
     if "details" in frame:
-        import json
-
-        frame["details"] = [json.loads(d) if isinstance(d, str) else d for d in frame["details"]]
+        frame["details"] = [parse_details(d) for d in frame["details"]]
     for column in schema.LIST_COLUMNS.get(stream, ()):
         if column in frame:
             frame[column] = [list(v) if isinstance(v, (list, np.ndarray)) else None for v in frame[column]]

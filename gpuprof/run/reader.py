@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.errors import NotARunError, RunFormatError
+from gpuprof.errors import DamagedFileError, NotARunError, RunFormatError
 from gpuprof.run import schema
+from gpuprof.validation import misfit
 
 logger = logging.getLogger("gpuprof")
 # How many folder levels below a run's own folder `run_signature` looks (traces/steps-A-B/ is two).
@@ -115,13 +116,19 @@ def _find_run_metas(root: Path, max_depth: int):
             yield from _find_run_metas(child, max_depth - 1)
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path, shape: type) -> dict[str, Any]:
+    """A meta file's facts, every field the analysis reads checked against `shape` (gpuprof.run.schema)."""
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RunFormatError(f"{path}: corrupt meta file ({error})") from None
     if not isinstance(meta, dict):
         raise RunFormatError(f"{path}: corrupt meta file (not a JSON object)")
+    if shape is schema.RunMeta:
+        _check_format(meta, path)  # a newer format may hold other fields: said before they are checked
+    problem = misfit(meta, shape)
+    if problem is not None:
+        raise RunFormatError(f"{path}: corrupt meta file ({problem})")
     return meta
 
 
@@ -135,8 +142,7 @@ class Run:
             raise NotARunError(f"{self.path} is not a directory")
         if not meta_path.is_file():
             raise NotARunError(f"{self.path} is not a gpuprof run directory (no {schema.RUN_META})")
-        self.meta = read_meta(meta_path)
-        _check_format(self.meta, meta_path)
+        self.meta = read_meta(meta_path, schema.RunMeta)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -160,7 +166,7 @@ class Run:
         for rank in self.ranks:
             path = self.path / schema.rank_dir_name(rank) / schema.RANK_META
             if path.is_file():
-                metas[rank] = read_meta(path)
+                metas[rank] = read_meta(path, schema.RankMeta)
         return metas
 
     @property
@@ -211,7 +217,12 @@ class Run:
         return self._stream("layers")
 
     def _stream(self, stream: str) -> pd.DataFrame:
-        frames = [read_stream(self.path / schema.rank_dir_name(rank), stream) for rank in self.ranks]
+        frames = []
+        for rank in self.ranks:
+            try:
+                frames.append(read_stream(self.path / schema.rank_dir_name(rank), stream))
+            except DamagedFileError as error:
+                left_out(error, rank)
         frames = [frame for frame in frames if not frame.empty]
         if not frames:
             return _with_columns(pd.DataFrame(), stream)
@@ -239,22 +250,88 @@ def _check_format(meta: dict[str, Any], path: Path) -> None:
 
 
 def read_stream(rank_dir: Path, stream: str) -> pd.DataFrame:
-    """One rank's stream: Parquet when compacted, else its JSON lines, else empty."""
+    """One rank's stream: Parquet when compacted, else its JSON lines, else empty. DamagedFileError for a file
+    that cannot be read, or whose columns hold the wrong kind of value (text where step times belong)."""
     parquet = rank_dir / f"{stream}.parquet"
     if parquet.is_file():
-        frame = pd.read_parquet(parquet)
-        if "details" in frame:
-            frame["details"] = [json.loads(d) if isinstance(d, str) else d for d in frame["details"]]
+        try:
+            frame = pd.read_parquet(parquet)
+        except Exception as error:  # noqa: BLE001 - any damage means the same: this file cannot be read
+            raise DamagedFileError(f"{parquet}: unreadable ({error})") from None
         for column in schema.LIST_COLUMNS.get(stream, ()):
             if column in frame:  # Parquet gives numpy arrays; JSON lines give lists
                 frame[column] = [list(v) if isinstance(v, (np.ndarray, list)) else None for v in frame[column]]
-        return _with_columns(frame, stream)
+        return checked(frame, stream, parquet)
     return read_jsonl_frame(rank_dir / f"{stream}.jsonl", stream)
 
 
 def read_jsonl_frame(path: Path, stream: str) -> pd.DataFrame:
     records = read_jsonl(path) if path.is_file() else []
-    return _with_columns(pd.DataFrame.from_records(records), stream)
+    return checked(pd.DataFrame.from_records(records), stream, path)
+
+
+def checked(frame: pd.DataFrame, stream: str, path: Path) -> pd.DataFrame:
+    """`frame` with every documented column and `details` parsed; DamagedFileError when a column holds the
+    wrong kind of value."""
+    problem = column_problem(stream, {column: _pandas_kind(frame[column]) for column in frame.columns})
+    if problem is not None:
+        raise DamagedFileError(f"{path}: {problem}")
+    if "details" in frame:
+        frame["details"] = [parse_details(d) for d in frame["details"]]
+    return _with_columns(frame, stream)
+
+
+def left_out(error: DamagedFileError, rank: int) -> None:
+    """Says that this rank's file is not read (the report shows it in its notes)."""
+    warnings.warn(f"gpuprof: {error}; rank {rank} left out", stacklevel=3)
+
+
+def column_problem(stream: str, kinds: dict[str, str]) -> str | None:
+    """The first documented column whose values are of the wrong kind, for people; None when all fit.
+
+    kinds: column -> "number", "flag", "text", "list", "object", "null" or "mixed" (gpuprof.run.schema says
+    which each column holds). A flag may be stored as a number (a rank that never set it); details as text."""
+    fits = {"number": {"number"}, "flag": {"flag", "number"}, "text": {"text"}, "list": {"list"},
+            "details": {"text", "object"}}
+    for column, kind in kinds.items():
+        expected = schema.column_kind(stream, column)
+        if expected is not None and kind != "null" and kind not in fits[expected]:
+            return f"column {column} holds {kind} values where {expected}s belong"
+    return None
+
+
+def _pandas_kind(values: pd.Series) -> str:
+    if values.isna().all():  # the writer stores a column of only nulls as float
+        return "null"
+    inferred = pd.api.types.infer_dtype(values, skipna=True)
+    kind = {"floating": "number", "integer": "number", "mixed-integer-float": "number", "decimal": "number",
+            "boolean": "flag", "string": "text", "empty": "null"}.get(inferred)
+    if kind is not None:
+        return kind
+    present = [value for value in values if value is not None and not (isinstance(value, float) and value != value)]
+    if all(isinstance(value, (list, np.ndarray)) for value in present):
+        return "list"
+    return "object" if all(isinstance(value, dict) for value in present) else "mixed"
+
+
+def arrow_kind(kind) -> str:
+    """A Parquet column's arrow type as column_problem's kinds."""
+    import pyarrow as pa
+
+    checks = [(pa.types.is_null, "null"), (pa.types.is_boolean, "flag"), (pa.types.is_integer, "number"),
+              (pa.types.is_floating, "number"), (pa.types.is_string, "text"), (pa.types.is_large_string, "text"),
+              (pa.types.is_list, "list"), (pa.types.is_large_list, "list")]
+    return next((name for check, name in checks if check(kind)), "mixed")
+
+
+def parse_details(value: Any) -> dict | None:
+    """An event's details: a dict, stored as JSON text in Parquet; None when it is neither."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, dict) else None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

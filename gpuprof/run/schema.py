@@ -5,6 +5,10 @@ docs/run-format.md is the human-readable contract; these tuples are its machine 
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
+import msgspec
+
 FORMAT = "gpuprof-run"
 FORMAT_VERSION = 1
 
@@ -43,6 +47,9 @@ STREAMS = tuple(STREAM_COLUMNS)
 LIST_COLUMNS = {"system": ("throttle_reasons",)}
 # Booleans (a rank that never wrote one stores an all-null float column instead).
 FLAG_COLUMNS = {"steps": ("grad_norm_finite", "loss_finite", "step_skipped")}
+# Text columns; every other documented column (lists, flags, details aside) holds numbers.
+TEXT_COLUMNS = {"events": ("kind", "severity", "message"), "layers": ("layer", "level")}
+DETAILS_COLUMN = "details"  # of events: a JSON object (JSON text in Parquet)
 SORT_KEYS = {
     "steps": ["step", "rank"],
     "system": ["time_unix_s", "rank"],
@@ -50,6 +57,18 @@ SORT_KEYS = {
     "layers": ["step", "rank", "layer"],
     "heartbeats": ["time_unix_s", "rank"],
 }
+def column_kind(stream: str, column: str) -> str | None:
+    """What a documented column holds: "number", "flag", "text", "list" or "details"; None for an extra one."""
+    if column not in STREAM_COLUMNS[stream]:
+        return None
+    if column == DETAILS_COLUMN:
+        return "details"
+    for kind, columns in (("list", LIST_COLUMNS), ("flag", FLAG_COLUMNS), ("text", TEXT_COLUMNS)):
+        if column in columns.get(stream, ()):
+            return kind
+    return "number"
+
+
 # Severity of an event or a finding, most severe first (findings are ranked in this order).
 SEVERITIES = ("critical", "warning", "info")
 
@@ -90,3 +109,121 @@ EVENT_KINDS = tuple(value for name, value in vars(EventKind).items() if name.isu
 
 def rank_dir_name(rank: int) -> str:
     return f"rank-{rank}"
+
+
+# ---------------------------------------------------------------- what meta files must hold
+# The reader checks every field it or the analysis reads, once (gpuprof.run.reader.read_meta);
+# fields not listed here are kept unchecked (collectors add their own). Null is allowed wherever
+# a fact may be unknown, and every field may be absent (older runs, other writers).
+
+
+class _Facts(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
+    pass
+
+
+class DeviceFacts(_Facts):
+    index: int | None = None
+    name: str | None = None
+    kind: str | None = None
+    total_memory_bytes: int | None = None
+    capability: str | list[int] | None = None  # "8.0", or [8, 0]
+
+
+class ModelFacts(_Facts, rename={"class_name": "class"}):
+    class_name: str | None = None
+    wrapper: str | None = None
+    n_params: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    d_model: int | None = None
+    seq_len: int | None = None
+    flops_per_token: float | None = None
+
+
+class LoopModelFacts(_Facts, rename={"class_name": "class"}):
+    class_name: str | None = None
+    attn_implementation: str | None = None
+    compiled: bool | None = None
+    module_types: dict[str, int] | None = None
+
+
+class OptimizerFacts(_Facts, rename={"class_name": "class"}):
+    class_name: str | None = None
+    fused: bool | None = None
+    foreach: bool | None = None
+    param_groups: int | None = None
+    fused_supported: bool | None = None
+    params_without_optimizer: int | None = None
+    params_without_optimizer_names: list[str] | None = None
+    members: list["OptimizerFacts"] | None = None
+
+
+class LoaderFacts(_Facts, rename={"class_name": "class"}):
+    class_name: str | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    batch_size: int | None = None
+
+
+class TorchSettings(_Facts):
+    float32_matmul_precision: str | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    cudnn_benchmark: bool | None = None
+
+
+class LoopFactsSchema(_Facts):
+    model: LoopModelFacts | None = None
+    optimizer: OptimizerFacts | None = None
+    loader: LoaderFacts | None = None
+    torch: TorchSettings | None = None
+    autocast_dtype: str | None = None
+
+
+class DistributedFacts(_Facts):
+    backend: str | None = None
+    world_size: int | None = None
+    sharding: dict[str, Any] | None = None  # FSDP: parallel, fsdp_units, state bytes
+
+
+class RunMeta(_Facts):
+    """`meta.json` of a run (docs/run-format.md)."""
+
+    format: str
+    format_version: int
+    run_id: str | None = None
+    name: str | None = None
+    status: str | None = None
+    start_unix_s: float | None = None
+    end_unix_s: float | None = None
+    world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    versions: dict[str, str | None] | None = None
+    devices: list[DeviceFacts] | None = None
+    model: ModelFacts | None = None
+    loop: LoopFactsSchema | None = None
+    config: dict[str, Any] | None = None
+    compute_dtype: str | None = None
+    peak_flops_per_s: float | None = None
+    distributed: DistributedFacts | None = None
+    options: dict[str, Any] | None = None
+    clock: str | None = None
+    sample_interval_s: float | None = None
+
+
+class RankMeta(_Facts):
+    """`rank-R/meta.json`."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    local_rank: int | None = None
+    world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    run_id: str | None = None
+    status: str | None = None
+    start_unix_s: float | None = None
+    end_unix_s: float | None = None
+    device: DeviceFacts | None = None
+    clock: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    platform: str | None = None

@@ -21,7 +21,7 @@ def ddp_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp") / "run"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(LOOP), str(run_dir), "--steps", "4", "--ddp", "--trace-steps", "1", "3"]
-    subprocess.run(command, check=True, timeout=240, capture_output=True)
+    subprocess.run(command, check=True, timeout=400, capture_output=True)
     seen = {rank: json.loads(Path(f"{run_dir}.seen-rank{rank}.json").read_text()) for rank in (0, 1)}
     return gpuprof.load_run(run_dir), seen
 

@@ -28,7 +28,7 @@ def _nvml_present() -> bool:
 @pytest.mark.skipif(_nvml_present(), reason="this test is about a machine without NVML")
 def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path):
     result = subprocess.run([sys.executable, str(LOOP), str(tmp_path / "run"), "--steps", "4", "--sleep-s", "0.15",
-                             "--runs", "2"], capture_output=True, text=True, timeout=120, check=True)
+                             "--runs", "2"], capture_output=True, text=True, timeout=400, check=True)
     assert result.stderr.count("device metrics off") == 1  # once per process, two runs
     for index in (0, 1):
         run = gpuprof.load_run(tmp_path / f"run-{index}")
@@ -46,11 +46,11 @@ def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path)
 
 def test_an_explicit_sample_interval_is_kept(tmp_path):
     with gpuprof.profile(tmp_path / "run", sample_interval_s=0.05) as prof:
-        time.sleep(0.6)
+        time.sleep(2.0)
         prof.step()
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["sample_interval_s"] == 0.05
-    assert len(run.system) >= 3  # about 12; the margin is for a loaded machine
+    assert len(run.system) >= 3  # about 40 (at 1 s, the host-only default: 2); the margin is for a loaded machine
 
 
 @pytest.mark.parametrize("bad", [-1, "often", True])

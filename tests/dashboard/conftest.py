@@ -1,4 +1,5 @@
-"""Fixtures of the dashboard tests: the sample runs and an AppTest opener."""
+"""Fixtures of the dashboard tests: the sample runs, an AppTest opener, and real servers that always stop
+(`start_dashboard`, from dashboard_servers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+
+from dashboard_servers import start_dashboard  # noqa: F401 - a fixture of these tests
 
 from gpuprof.dashboard import APP_PATH, RUNS_DIR_ENV
 

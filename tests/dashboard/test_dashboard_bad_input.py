@@ -17,7 +17,7 @@ import gpuprof
 from gpuprof.dashboard import RUNS_DIR_ENV
 from gpuprof.run.reader import load_run
 
-POLL_TIMEOUT_S = 10.0
+POLL_TIMEOUT_S = 120.0  # a bound, not a wait: polling ends as soon as the steps are there
 
 
 def test_empty_folder_says_how_to_record_a_run(tmp_path, open_page):
@@ -119,7 +119,7 @@ def test_live_run_refreshes_without_losing_selections(tmp_path, monkeypatch):
         for step in range(3):
             prof.step(loss=torch.tensor(2.0 - step / 10), tokens=64)
         _steps_recorded(tmp_path / "live", 3)
-        app = AppTest.from_file(str(APP_PATH), default_timeout=60)
+        app = AppTest.from_file(str(APP_PATH), default_timeout=120)
         app.query_params["page"] = "Run"
         app.run()
         app.sidebar.number_input(key="refresh_s").set_value(2.0).run()
@@ -147,7 +147,7 @@ def test_live_run_refreshes_without_losing_selections(tmp_path, monkeypatch):
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = subprocess.run([sys.executable, "-m", "gpuprof", "dashboard", *(a.format(tmp=tmp_path) for a in args)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip() == f"gpuprof dashboard: error: {message.format(tmp=tmp_path)}"
 

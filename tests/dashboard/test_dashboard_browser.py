@@ -3,7 +3,9 @@ headless Chromium driven by Playwright, stopped with Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import re
 import shutil
 import signal
@@ -26,43 +28,20 @@ except ImportError:  # the `test` extra installs it
     sync_playwright = None
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-START_TIMEOUT_S = 60.0
 RENDER_TIMEOUT_S = 240.0  # generous: the suite runs on a shared, loaded 2-core machine (-n 2)
-URL_LINE = re.compile(r"^gpuprof dashboard on (.*): (http://\S+)")
 
 
-def start_dashboard(*args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, str, str]:
-    """`gpuprof dashboard ARGS` running; returns it, the folder it serves and its URL (as printed)."""
-    server = subprocess.Popen([sys.executable, "-m", "gpuprof", "dashboard", *args],
-                              stdout=subprocess.PIPE, text=True, cwd=cwd)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    for line in server.stdout:
-        match = URL_LINE.match(line)
-        if match:
-            return server, match.group(1), match.group(2)
-        assert time.monotonic() < deadline, "no URL printed"
-    raise AssertionError(f"gpuprof dashboard exited with {server.wait()} before printing its URL")
-
-
-def stop_with_ctrl_c(server: subprocess.Popen) -> int:
-    server.send_signal(signal.SIGINT)
-    return server.wait(timeout=30)
-
-
-def test_dashboard_serves_runs_on_localhost_and_stops_on_ctrl_c(sample_root, tmp_path):
+def test_dashboard_serves_runs_on_localhost_and_stops_on_ctrl_c(sample_root, tmp_path, start_dashboard):
     shutil.copytree(sample_root / "baseline", tmp_path / "runs" / "baseline")
-    server, folder, url = start_dashboard(cwd=tmp_path)  # no folder given: ./runs
-    try:
-        assert folder == str(tmp_path / "runs")
-        assert url.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(f"{url}_stcore/health", timeout=10) as response:
-            assert response.status == 200
-        streamlit = psutil.Process(server.pid).children(recursive=True)
-        listening = {c.laddr.ip for p in streamlit for c in p.net_connections("inet") if c.status == "LISTEN"}
-        assert listening == {"127.0.0.1"}
-    finally:
-        returncode = stop_with_ctrl_c(server)
-    assert returncode == 0
+    server = start_dashboard(cwd=tmp_path)  # no folder given: ./runs
+    assert server.folder == str(tmp_path / "runs")
+    assert server.url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(f"{server.url}_stcore/health", timeout=60) as response:
+        assert response.status == 200
+    streamlit = psutil.Process(server.pid).children(recursive=True)
+    listening = {c.laddr.ip for p in streamlit for c in p.net_connections("inet") if c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}
+    assert server.ctrl_c() == 0
     assert not [p for p in streamlit if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -108,6 +87,17 @@ def rendered(page, charts: int, tables: int, texts: list[str]) -> dict:
                          f"text starts {state.get('text', '')[:300]!r}")
 
 
+@contextlib.contextmanager
+def chromium_page():
+    """A page of Debian's headless Chromium (Playwright's own browser download is not needed)."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.set_default_timeout(RENDER_TIMEOUT_S * 1000)
+        yield page
+        browser.close()
+
+
 def browser_root(sample_root: Path, snapshot_root: Path, folder: Path) -> Path:
     """The sample runs and a run with a trace window and memory snapshots, in one folder."""
     for run in (*(sample_root / name for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")),
@@ -119,30 +109,24 @@ def browser_root(sample_root: Path, snapshot_root: Path, folder: Path) -> Path:
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/test.sh installs Debian's "
                     "`chromium` where it can: apt-get install -y chromium)")
 @pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
-def test_every_page_renders_its_charts_and_tables_in_chromium(sample_root, snapshot_root, tmp_path):
+def test_every_page_renders_its_charts_and_tables_in_chromium(sample_root, snapshot_root, tmp_path, start_dashboard):
     titles = [finding.title for finding in diagnose(load_run(sample_root / "slow-data"))]
-    server, _, url = start_dashboard(str(browser_root(sample_root, snapshot_root, tmp_path / "runs")))
-    try:
-        with sync_playwright() as playwright:
-            # Playwright's own browser download is not needed: Debian's chromium does the job.
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1400, "height": 2400})
-            page.set_default_timeout(RENDER_TIMEOUT_S * 1000)
-            shown = {}
-            for name, runs, charts, tables, texts in PAGES:
-                page.goto(f"{url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
-                shown[name] = rendered(page, charts, tables, texts + (titles if name == "Run" else []))
-                if name == "Run":
-                    screenshot = page.screenshot()
-                if name == "Trace":  # the step breakdown's link opens the step's timeline in a new tab
-                    with page.context.expect_page() as opened:
-                        page.get_by_role("link", name=re.compile(r"^step \d+$")).first.click()
-                    timeline = opened.value
-                    shown["Timeline"] = rendered(timeline, 1, 1, ["Drew ", "Longest intervals drawn"])
-                    timeline.close()
-            browser.close()
-    finally:
-        assert stop_with_ctrl_c(server) == 0
+    server = start_dashboard(str(browser_root(sample_root, snapshot_root, tmp_path / "runs")))
+    url = server.url
+    with chromium_page() as page:
+        shown = {}
+        for name, runs, charts, tables, texts in PAGES:
+            page.goto(f"{url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
+            shown[name] = rendered(page, charts, tables, texts + (titles if name == "Run" else []))
+            if name == "Run":
+                screenshot = page.screenshot()
+            if name == "Trace":  # the step breakdown's link opens the step's timeline in a new tab
+                with page.context.expect_page() as opened:
+                    page.get_by_role("link", name=re.compile(r"^step \d+$")).first.click()
+                timeline = opened.value
+                shown["Timeline"] = rendered(timeline, 1, 1, ["Drew ", "Longest intervals drawn"])
+                timeline.close()
+    assert server.ctrl_c() == 0
     assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
     assert set(shown) == {"Runs", "Run", "Numerics", "Trace", "Timeline", "Memory", "Distributed", "Compare"}
     (tmp_path / "run_page.png").write_bytes(screenshot)
@@ -165,24 +149,53 @@ TRACE_PAGES = (
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 @pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
-def test_a_folder_of_plain_traces_shows_its_verdicts_in_chromium(sample_root, plugin_traces, tmp_path):
+def test_a_folder_of_plain_traces_shows_its_verdicts_in_chromium(sample_root, plugin_traces, tmp_path,
+                                                                 start_dashboard):
     root = tmp_path / "logs"
     shutil.copytree(sample_root / "baseline", root / "baseline")
     for name in ("no_workers", "workers"):
         shutil.copytree(plugin_traces[name], root / name)
-    server, _, url = start_dashboard(str(root))
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1400, "height": 2400})
-            page.set_default_timeout(RENDER_TIMEOUT_S * 1000)
-            shown = {}
-            for name, runs, charts, tables, texts in TRACE_PAGES:
-                page.goto(f"{url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
-                shown[name] = rendered(page, charts, tables, texts)
-            browser.close()
-    finally:
-        assert stop_with_ctrl_c(server) == 0
+    server = start_dashboard(str(root))
+    with chromium_page() as page:
+        shown = {}
+        for name, runs, charts, tables, texts in TRACE_PAGES:
+            page.goto(f"{server.url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
+            shown[name] = rendered(page, charts, tables, texts)
+    assert server.ctrl_c() == 0
     assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
     runs_text = shown["Runs"]["text"]
     assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text
+
+
+WAITS_FOR_CTRL_C = """
+import time
+
+
+def test_serves_until_interrupted(start_dashboard, tmp_path):
+    server = start_dashboard(str(tmp_path))
+    print("SERVER", server.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_ctrl_c_that_stops_pytest_stops_its_dashboard_servers_too(tmp_path):
+    """The servers run in their own process group, where a Ctrl-C at pytest's terminal does not reach them:
+    pytest's teardown (or its exit) kills them."""
+    (tmp_path / "test_inner.py").write_text(WAITS_FOR_CTRL_C)
+    here = str(Path(__file__).parent)
+    inner = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "dashboard_servers", "-p", "no:cacheprovider",
+                              "-s", "-q", "test_inner.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])},
+                             start_new_session=True)  # the terminal's foreground group, in this test
+    try:
+        pid = next(int(line.split()[1]) for line in inner.stdout if line.startswith("SERVER"))
+        server = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        assert os.getpgid(pid) != inner.pid  # a Ctrl-C to pytest's group does not reach the server...
+        os.killpg(inner.pid, signal.SIGINT)
+        inner.wait(timeout=120)
+        gone, alive = psutil.wait_procs(server, timeout=60)
+        assert not alive, alive  # ...and yet it stopped
+    finally:
+        if inner.poll() is None:
+            os.killpg(inner.pid, signal.SIGKILL)
+            inner.wait()

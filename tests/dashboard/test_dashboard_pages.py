@@ -101,7 +101,7 @@ def test_trace_page_analyses_the_runs_trace_window(traced_root, open_page):
 
 def test_sample_runs_have_a_trace_window_per_rank(sample_root):
     train_help = subprocess.run([sys.executable, "-m", "gpuprof", "train", "--help"], capture_output=True,
-                                text=True, timeout=60).stdout
+                                text=True, timeout=300).stdout
     if "--trace-steps" not in train_help:
         pytest.skip("gpuprof train has no --trace-steps yet, so scripts/make_sample_runs.py records no trace window")
     for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank"):

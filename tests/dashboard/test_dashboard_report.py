@@ -13,7 +13,7 @@ from gpuprof.run.reader import load_run
 
 
 def gpuprof(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True, text=True, timeout=400)
 
 
 def test_report_holds_findings_and_every_chart(sample_root, tmp_path):

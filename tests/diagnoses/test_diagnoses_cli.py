@@ -17,7 +17,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
 
 def gpuprof(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuprof", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=400)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,13 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from numerics_helpers import events
+from transformers.modeling_outputs import CausalLMOutput
 
 import gpuprof
 from gpuprof.numerics.blame import NOT_REPRODUCED, PHASES
@@ -21,11 +23,12 @@ from gpuprof.run.schema import EventKind
 
 VOCAB, WIDTH, SEQ, BATCH = 32, 16, 8, 2
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-LOSS_SHAPES = ("0-d", "[1]", "vector", "float", "dict")
+LOSS_SHAPES = ("0-d", "[1]", "vector", "float", "dict", "model output")
 FAULTS = ("forward", "loss", "weight", "gradient")
 # Reproducible in CI: the same examples every run, none remembered between runs; a loop's time is no failure.
-NEVER_LOST = settings(max_examples=36, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=[HealthCheck.too_slow])
+# No shrinking: a failing example is printed as found, within the test's time on a loaded CPU.
+NEVER_LOST = settings(max_examples=24, deadline=None, derandomize=True, database=None,
+                      phases=[Phase.explicit, Phase.reuse, Phase.generate], suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,15 @@ def loss_terms(logits, targets, shape: str, poisoned: bool):
     if shape == "dict":
         return {"lm": lm, "aux": aux}
     total = lm + aux
+    if shape == "model output":  # a Hugging Face output: logits beside the loss
+        return CausalLMOutput(loss=total, logits=logits)
     return total.reshape(1) if shape == "[1]" else total
 
 
 def backward_target(loss) -> torch.Tensor:
     """What the loop calls backward() on: the sum of its loss terms."""
+    if isinstance(loss, CausalLMOutput):
+        return loss.loss
     return sum(loss.values()) if isinstance(loss, dict) else loss.sum()
 
 
@@ -110,6 +117,8 @@ def reported(loss, shape: str):
     """What the loop passes to prof.step(loss=...)."""
     if shape == "float":
         return float(backward_target(loss).detach())
+    if shape == "model output":
+        return loss
     return {k: v.detach() for k, v in loss.items()} if isinstance(loss, dict) else loss.detach()
 
 
@@ -130,6 +139,7 @@ def run_loop(loop: Loop, run_dir: str) -> None:
             if loop.fault == "weight" and step == loop.fault_step:
                 with torch.no_grad():
                     model.hidden.weight[0, 0] = float("nan")
+            losses = []  # the step's micro-batch losses: passed together, as accumulating loops pass them
             for micro in range(loop.accumulation):
                 bad_here = step == loop.fault_step and micro == loop.fault_micro_batch
                 persists = loop.fault == "gradient" and step > loop.fault_step  # the scaler's skips must persist
@@ -142,6 +152,7 @@ def run_loop(loop: Loop, run_dir: str) -> None:
                     else:
                         loss = loss_terms(model(tokens), targets, model.loss_shape, model.poison == "loss")
                 scaler.scale(backward_target(loss) / loop.accumulation).backward()
+                losses.append(reported(loss, loop.loss_shape))
             if loop.clip:
                 for optimizer in optimizers:
                     scaler.unscale_(optimizer)
@@ -151,9 +162,10 @@ def run_loop(loop: Loop, run_dir: str) -> None:
             scaler.update()
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
-            prof.step(loss=reported(loss, loop.loss_shape), tokens=tokens.numel() * loop.accumulation)
+            prof.step(loss=losses if loop.accumulation > 1 else losses[0], tokens=tokens.numel() * loop.accumulation)
 
 
+@pytest.mark.timeout(1800)
 @NEVER_LOST
 @given(loop=loops())
 def test_every_loop_reports_its_first_bad_step(loop):

@@ -50,6 +50,6 @@ def test_fsdp_trains_and_resumes_from_a_sharded_checkpoint(tmp_path):
 ])
 def test_fsdp_bad_input_is_one_line_and_exit_2(flags, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "gpuprof", "train", *flags, "--steps", "1",
-                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=400)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

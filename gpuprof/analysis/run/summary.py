@@ -66,6 +66,8 @@ class RunSummary:
     step_times: pd.Series = field(default_factory=lambda: pd.Series(dtype=float), repr=False)
     # Ranks of the world that left no readable steps (killed before writing, folder lost or damaged).
     missing_ranks: list = field(default_factory=list)
+    # Of those, the ranks whose steps file is there but damaged (left out by the reader).
+    damaged_ranks: list = field(default_factory=list)
     # The `device_figures` summarize was asked for, over the measured device samples; not in to_dict.
     device_figures: dict = field(default_factory=dict, repr=False)
 
@@ -331,6 +333,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
         step_times=times,
         missing_ranks=query.missing_ranks,
+        damaged_ranks=query.damaged_ranks,
         device_figures={name: samples[f"device:{name}"] for name in device_figures or {}},
     )
 

@@ -1,0 +1,100 @@
+"""Real `gpuprof dashboard` servers for the tests, which always stop: each runs in a process group of its own
+(a Ctrl-C at the terminal, meant for pytest, does not reach it), the test stops it with its own Ctrl-C, and
+teardown, or at the latest the interpreter's exit, kills the whole group whatever happened. A pytest plugin
+too (`-p dashboard_servers`): the fixture `start_dashboard`."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT_S = 180.0  # generous: the suite runs beside other work on a loaded 2-core machine
+STOP_TIMEOUT_S = 60.0
+URL_LINE = re.compile(r"^gpuprof dashboard on (.*): (http://\S+)")
+_SERVERS: list[subprocess.Popen] = []  # every server a test started, until it is reaped
+
+
+def kill_group(server: subprocess.Popen) -> None:
+    """SIGKILL to the server's whole process group (gpuprof dashboard and its Streamlit child), then reap it."""
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.wait()
+
+
+@atexit.register
+def _kill_servers_left() -> None:
+    """The last resort, when pytest itself is interrupted (a Ctrl-C meant for it, a timeout) before teardown."""
+    for server in _SERVERS:
+        kill_group(server)
+
+
+class DashboardServer:
+    """`gpuprof dashboard ARGS` in a process group of its own; `ctrl_c()` is the test's own Ctrl-C."""
+
+    def __init__(self, args: tuple[str, ...], cwd: Path | None):
+        self.process = subprocess.Popen([sys.executable, "-m", "gpuprof", "dashboard", *args],
+                                        stdout=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True)
+        _SERVERS.append(self.process)
+        self.folder, self.url = self._wait_for_url()
+
+    def _wait_for_url(self) -> tuple[str, str]:
+        """The folder and URL it prints, within START_TIMEOUT_S even when it prints nothing."""
+        found: list[tuple[str, str]] = []
+
+        def read() -> None:
+            for line in self.process.stdout:
+                match = URL_LINE.match(line)
+                if match:
+                    found.append((match.group(1), match.group(2)))
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not found:
+            self.kill()
+            raise AssertionError(f"gpuprof dashboard printed no URL within {START_TIMEOUT_S:.0f} s "
+                                 f"(exit code {self.process.returncode})")
+        return found[0]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def ctrl_c(self) -> int:
+        """What a Ctrl-C at its terminal does (SIGINT to the foreground group); its exit code."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"gpuprof dashboard did not stop within {STOP_TIMEOUT_S:.0f} s of Ctrl-C") from None
+
+    def kill(self) -> None:
+        kill_group(self.process)
+        if self.process in _SERVERS:
+            _SERVERS.remove(self.process)
+
+
+@pytest.fixture
+def start_dashboard():
+    """start_dashboard(*args, cwd=None) -> a running DashboardServer; every one is killed at teardown."""
+    started: list[DashboardServer] = []
+
+    def start(*args: str, cwd: Path | None = None) -> DashboardServer:
+        started.append(DashboardServer(args, cwd))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.kill()
