@@ -62,7 +62,6 @@ import overhead  # benchmarks/overhead.py, beside this script
 import gpuprof
 from gpuprof.analysis.memory_snapshot import read_snapshot
 from gpuprof.analysis.run import summarize
-from gpuprof.report.comparison import metrics_table
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.cli import main as gpuprof_cli
 from gpuprof.flops import model_flops_per_token
@@ -446,14 +445,15 @@ def failures(items: dict) -> dict:
 
 
 def ratios(summaries: dict) -> dict:
-    """Each variant over the baseline, per headline metric (gpuprof.report.comparison's table)."""
-    result = {}
-    for name, summary in summaries.items():
-        if name == "baseline":
-            continue
-        table = metrics_table(summaries["baseline"], summary).set_index("metric")
-        result[name] = {metric: table.loc[metric, "ratio_b_over_a"] for metric in RATIO_METRICS}
-    return result
+    """Each variant over the baseline, per headline figure of their run summaries (point estimates;
+    `gpuprof compare` gives them with their intervals)."""
+    baseline = summaries["baseline"]
+    return {name: {metric: _ratio(getattr(summary, metric), getattr(baseline, metric)) for metric in RATIO_METRICS}
+            for name, summary in summaries.items() if name != "baseline"}
+
+
+def _ratio(value, reference):
+    return value / reference if value is not None and reference else None
 
 
 # --------------------------------------------------------------------------- 3. capture overhead

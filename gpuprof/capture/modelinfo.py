@@ -6,6 +6,7 @@ call (input shape; autocast state), with a one-shot hook, unless given up front.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Mapping
 
 import torch
@@ -16,6 +17,13 @@ from gpuprof.modules import called_under_compile, eager_model
 
 _PRECISION_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                     "fp32": "fp32", "float32": "fp32", "tf32": "tf32", "fp8": "fp8"}
+
+
+def param_shapes_digest(model: torch.nn.Module) -> str:
+    """A digest of every parameter's name and (global, unsharded) shape: two runs train the same
+    architecture exactly when theirs agree (`gpuprof compare`'s contract)."""
+    shapes = "\n".join(f"{name}:{tuple(param.shape)}" for name, param in model.named_parameters())
+    return hashlib.sha256(shapes.encode()).hexdigest()[:16]
 
 
 class ModelInfo:
@@ -55,6 +63,7 @@ class ModelInfo:
             # DataParallel / DistributedDataParallel / torch.compile, when the user profiles the wrapped model
             "wrapper": type(self.model).__name__ if inner is not self.model else None,
             "n_params": sum(p.numel() for p in self.model.parameters()),
+            "param_shapes_digest": param_shapes_digest(inner),
             "n_layers": shape.n_layers if shape else None,
             "n_heads": shape.n_heads if shape else None,
             "d_model": shape.d_model if shape else None,

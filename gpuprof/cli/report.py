@@ -88,6 +88,41 @@ def render_html(report, rank: int) -> str:
             f"<style>{STYLE}</style></head><body>{body}</body></html>")
 
 
+def _table_html(rows: list[dict[str, str]]) -> str:
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in rows[0]) if rows else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(value)}</td>" for value in row.values()) + "</tr>"
+                   for row in rows)
+    return f'<table class="figures"><tr>{header}</tr>{body}</table>'
+
+
+def render_comparison_html(comparison, gate=None) -> str:
+    """`gpuprof compare --html`: the conclusion, every figure with its interval, the contract's
+    differences and both runs' step-time distributions, as one HTML document."""
+    from gpuprof.dashboard.charts import step_time_distribution_panel
+    from gpuprof.report.comparison import contract_lines, distribution_rows, figure_rows, figures_caption
+
+    times = {f"{label}: {side.label}": side.steps["step_time_s"].dropna().to_numpy()
+             for label, side in (("A", comparison.a_side), ("B", comparison.b_side))}
+    panel = step_time_distribution_panel(times)
+    parts = [
+        f"<h1>gpuprof compare: {html.escape(comparison.a_side.label)} vs {html.escape(comparison.b_side.label)}</h1>",
+        f'<div class="verdict"><h2>{html.escape(comparison.conclusion)}</h2>'
+        + (f"<p><b>Gate: {html.escape(gate.outcome)}</b> (exit {gate.exit_code}): {html.escape(gate.reason)}</p>"
+           if gate is not None else "") + "</div>",
+        f"<p>{html.escape(figures_caption(comparison))}</p>", _table_html(figure_rows(comparison)),
+        "<h2>Comparability contract</h2>",
+        "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in contract_lines(comparison)) + "</ul>",
+        "<h2>Measured step times</h2>", _table_html(distribution_rows(comparison)),
+        panel.figure.to_html(full_html=False, include_plotlyjs=True) if panel.figure is not None
+        else f'<p class="note">{html.escape(panel.note)}</p>',
+    ]
+    for title, findings in (("Findings that appeared in B", comparison.appeared),
+                            ("Findings that disappeared from A", comparison.disappeared)):
+        parts += [f"<h2>{title}</h2>", *(map(_finding_html, findings) if findings else ["<p>None.</p>"])]
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>gpuprof compare</title>"
+            f"<style>{STYLE}</style></head><body>{chr(10).join(parts)}</body></html>")
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuprof.report import build_report
 

@@ -112,7 +112,7 @@ def add_json_flag(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the stable JSON form (docs/json-output.md)")
 
 
-def print_json(command: str, payload: dict) -> None:
+def print_json(command: str, payload: dict, version: int = JSON_SCHEMA_VERSION) -> None:
     """The --json document of `command`, in the envelope docs/json-output.md specifies."""
-    document = {"schema": f"gpuprof.{command}", "schema_version": JSON_SCHEMA_VERSION, **payload}
+    document = {"schema": f"gpuprof.{command}", "schema_version": version, **payload}
     print(json.dumps(document, indent=2, sort_keys=True, allow_nan=False))

@@ -42,6 +42,7 @@ def add_parser(subparsers) -> None:
     add(what, "--steps", "optimizer steps", type=int)
     add(what, "--batch-size", "sequences per optimizer step per rank (default: per model size)", type=int)
     add(what, "--seq-len", "tokens per sequence (default: the model's context)", type=int)
+    add(what, "--n-layer", "transformer blocks (default: the model size's)", type=int)
     add(what, "--vocab-size", "model vocabulary (default: GPT-2's 50257 rounded up to 50304; 8192 for tiny)", type=int)
     add(what, "--data", "text file, folder of text files, or uint16 .bin token file "
         "(default: the Python standard library's sources)")
@@ -92,6 +93,7 @@ def add_parser(subparsers) -> None:
 
     problems = parser.add_argument_group("problems on purpose (to see the diagnoses find them)")
     add(problems, "--data-delay-ms", "sleep this long in the data loader per micro-batch", type=float)
+    add(problems, "--host-work-ms", "busy the host this long every step (Python overhead on purpose)", type=float)
     problems.add_argument("--host-sync", action="store_true", default=None,
                           help="call loss.item() every step, as a naive loop does")
     add(problems, "--straggler-rank", "under torchrun, the rank that runs slow", type=int)

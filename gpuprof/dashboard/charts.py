@@ -346,6 +346,18 @@ def overlay_panel(runs: dict[str, pd.DataFrame], column: str, title: str, y_titl
     return Panel(title, _layout(go.Figure(traces), x_title="step", y_title=y_title))
 
 
+def step_time_distribution_panel(times_s: dict[str, np.ndarray]) -> Panel:
+    """The measured step times of the compared runs, one histogram each on shared bins (Compare page, HTML)."""
+    known = {name: values for name, values in times_s.items() if len(values)}
+    if not known:
+        return Panel("Measured step times", None, "Neither run has measured steps.")
+    edges_ms = np.histogram_bin_edges(1e3 * np.concatenate(list(known.values())), bins=40)
+    bins = dict(start=edges_ms[0], end=edges_ms[-1], size=(edges_ms[-1] - edges_ms[0]) / 40 or 1.0)
+    traces = [go.Histogram(x=1e3 * values, name=name, xbins=bins, opacity=0.6) for name, values in known.items()]
+    figure = go.Figure(traces).update_layout(barmode="overlay", hovermode="closest")
+    return Panel("Measured step times", _layout(figure, x_title="step time (ms)", y_title="steps"))
+
+
 KERNEL_NAME_CHARS = 60
 TRACE_STEP_COLUMNS_EXCLUDED = ("rank", "step", "start_us", "end_us", "step_time_us")
 

@@ -57,6 +57,55 @@ def figure(value, unit: str = "") -> str:
     return f"{value} {unit}".rstrip()
 
 
+def figure_text(value, unit: str = "") -> str:
+    """`figure`, and the units of a comparison: "×" (a ratio), "pp" (a difference of percentages),
+    "rel" (a relative difference, shown in percent) and "fraction" (0-1, shown in percent, MFU)."""
+    if not known(value):
+        return MISSING
+    if unit == "×":
+        return f"{value:.2f}×"
+    if unit == "pp":
+        return f"{value:+.1f} pp"
+    if unit == "rel":
+        return f"{100 * value:+.1f} %"
+    if unit == "fraction":
+        return f"{100 * value:.1f} %"
+    if unit == "%" and abs(value) < 1:
+        return f"{value:.2f} %"
+    return figure(value, unit)
+
+
+def fmt_interval(value, unit: str = "", *, brief: bool = False) -> str:
+    """A figure and its confidence interval: "101 ms (95 % CI 99.7–102 ms)", or "101 ms [99.7–102 ms]"
+    when `brief` (a table that says its confidence once); a plain number as `figure_text` (a
+    figure that is not a mean over steps has no interval)."""
+    if not hasattr(value, "low"):
+        return figure_text(value, unit)
+    bounds = range_text(value.low, value.high, unit)
+    if brief:
+        return f"{figure_text(value.point, unit)} [{bounds}]"
+    return f"{figure_text(value.point, unit)} ({ci_text(value, unit)})"
+
+
+def ci_text(interval, unit: str = "") -> str:
+    """"95 % CI 1.31–1.55×"."""
+    return f"{100 * interval.confidence:.0f} % CI {range_text(interval.low, interval.high, unit)}"
+
+
+def range_text(low: float, high: float, unit: str = "") -> str:
+    """"1.31–1.55×", the unit once where both ends share it."""
+    low_text, high_text = figure_text(low, unit), figure_text(high, unit)
+    suffix = high_text.lstrip("+-0123456789.,")
+    if suffix and low_text.endswith(suffix) and low_text != suffix:
+        low_text = low_text[: -len(suffix)]
+    return f"{low_text}{' to ' if low < 0 else '–'}{high_text}"
+
+
+def fmt_ratio_interval(interval) -> str:
+    """"1.42× (95 % CI 1.31–1.55×)"."""
+    return fmt_interval(interval, "×")
+
+
 def _binary(value_bytes: float) -> str:
     index = 0
     while abs(value_bytes) >= 1024 and index < len(BINARY_PREFIXES) - 1:

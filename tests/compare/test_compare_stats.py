@@ -4,6 +4,9 @@ ignored the autocorrelation would be caught covering too little."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,16 +14,13 @@ from hypothesis import strategies as st
 
 from gpuprof.analysis.run import stats
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import compare_coverage  # noqa: E402 - benchmarks/ is not a package; its AR(1) runs are these tests' too
+
 
 def ar1(rng, n: int, phi: float, mean: float, cv: float) -> np.ndarray:
     """n steps of mean `mean` whose noise (sd `cv` * mean) has lag-one autocorrelation `phi`."""
-    sd = cv * mean
-    shocks = rng.normal(0, sd * np.sqrt(1 - phi**2), n)
-    noise = np.empty(n)
-    noise[0] = rng.normal(0, sd)
-    for index in range(1, n):
-        noise[index] = phi * noise[index - 1] + shocks[index]
-    return mean + noise
+    return compare_coverage.ar1(rng, n, phi, mean, cv * mean)
 
 
 REPLICATES = 50

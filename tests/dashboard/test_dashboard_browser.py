@@ -53,7 +53,7 @@ PAGES = (
     ("Trace", ("snap",), 1, 5, ["Timeline of a step"]),
     ("Memory", ("snap",), 1, 1, ["Allocated", "Allocation timeline", "Largest live allocations"]),
     ("Distributed", ("ddp-2rank",), 1, 1, ["Distributed"]),
-    ("Compare", ("baseline", "optimized"), 1, 1, ["Speedup"]),
+    ("Compare", ("baseline", "optimized"), 3, 2, ["Speedup", "95 % CI", "Comparability contract", "Measured step times"]),
 )
 # A chart counts once Plotly has drawn its data: SVG traces (`.trace`) or a heatmap image (`.hm`).
 PAGE_STATE = """() => ({

@@ -126,8 +126,18 @@ def test_compare_page_shows_speedup_and_findings_delta(sample_root, open_page):
     app = open_page(sample_root, "Compare", ("baseline", "optimized"))
     comparison = compare(build_report(sample_root / "baseline"), build_report(sample_root / "optimized"))
     metrics = {metric.label: metric.value for metric in app.metric}
-    speedup = comparison.a.summary.step_time_p50_s / comparison.b.summary.step_time_p50_s
-    assert metrics["Speedup (step time p50, A/B)"] == f"{speedup:.2f}×"
+    speedup = comparison.a.summary.step_time_mean_s / comparison.b.summary.step_time_mean_s
+    assert metrics["Speedup (B over A, mean step time)"] == f"{speedup:.2f}×"
+    assert comparison.conclusion in " ".join(texts(app.success))
+    # every figure as people read it: intervals and units, no raw column names, no None
+    table = app.dataframe[0].value
+    assert list(table.columns) == ["Figure", "A", "B", "B vs A", "Call"]
+    assert table["Figure"].tolist() == [figure.name for figure in comparison.figures]
+    shown = " ".join(table.astype(str).to_numpy().ravel())
+    assert "None" not in shown and "nan" not in shown and "_" not in shown
+    assert "ms [" in table.set_index("Figure").loc["Step time, mean", "A"]
+    assert "precision: A fp32, B bf16" in " ".join(texts(app.markdown))
+    assert len(values(trace_named(app, "A: baseline"), "x")) == comparison.a_side.n_steps  # the step-time histogram
     labels = " ".join(expander.label for expander in app.expander)
     for finding in comparison.appeared + comparison.disappeared:
         assert escape_markdown(finding.title) in labels

@@ -75,10 +75,18 @@ def test_detect_warmup_of_a_resumed_run():
 
 def test_compare_baseline_with_slow_loader(recorded_runs):
     comparison = compare(build_report(recorded_runs.path("baseline")), build_report(recorded_runs.path("data_delay")))
-    metrics = comparison.metrics.set_index("metric")
-    # Step times of two runs on a shared 2-core machine are too noisy to rank; the loader's sleep is not.
-    assert metrics.loc["data_share_pct", "ratio_b_over_a"] > 10 and metrics.loc["data_share_pct", "better"] == "a"
-    assert metrics.loc["mfu", "better"] is None, "unknown on CPU runs"
+    figures = {figure.name: figure for figure in comparison.figures}
+    # Shares compare in percentage points, with their interval: the loader's sleep is most of B's step.
+    data_share = figures["Data share of step time"]
+    assert data_share.change_unit == "pp" and data_share.change.low > 10 and data_share.call == "higher in B"
+    assert data_share.b.point - data_share.a.point == pytest.approx(data_share.change.point)
+    assert "MFU" not in figures, "unknown on CPU runs"
+    # speedup and throughput come from the same steps: with the same tokens per step, the same number
+    throughput, step_time = figures["Throughput"].change, figures["Step time, mean"].change
+    assert throughput.point == pytest.approx(1 / step_time.point)
+    assert (throughput.low, throughput.high) == pytest.approx((1 / step_time.high, 1 / step_time.low), rel=0.05)
+    assert comparison.slowdown.low > 1 and "slower" in comparison.conclusion
+    assert not comparison.blocking
     assert "dataloader-bound" in [finding.rule for finding in comparison.appeared]
     assert "attention-not-fused" in comparison.persisted
     assert "dataloader-bound" not in [finding.rule for finding in comparison.disappeared]

@@ -140,6 +140,17 @@ def test_straggler_rank_sleeps_every_step(small):
     assert result.mean_step_time_s >= 0.4
 
 
+def test_host_work_keeps_the_host_busy_every_step(small):
+    result = run(prepare(small(steps=3, batch_size=2, host_work_ms=300)))
+    assert result.mean_step_time_s >= 0.3
+
+
+def test_n_layer_overrides_the_size(small):
+    assert len(prepare(small(n_layer=3)).raw_model.transformer.h) == 3
+    with pytest.raises(GpuprofError, match="n_layer must be at least 1"):
+        small(n_layer=0)
+
+
 def test_model_shape_knobs(small):
     session = prepare(small(vocab_size=16384, dropout=0.2, seq_len=32, device="cpu"))
     model = session.raw_model

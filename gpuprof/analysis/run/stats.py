@@ -103,6 +103,27 @@ def _flat_top(t: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A figure's observed value and its value in every bootstrap resample; arithmetic on
+    estimates of the same resamples keeps them paired (a ratio of two columns, of two runs)."""
+
+    point: float
+    replicates: np.ndarray
+
+    def interval(self, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
+        return percentile_interval(self.point, self.replicates, confidence)
+
+    def __truediv__(self, other: Estimate) -> Estimate:
+        return Estimate(self.point / other.point, self.replicates / other.replicates)
+
+    def __sub__(self, other: Estimate) -> Estimate:
+        return Estimate(self.point - other.point, self.replicates - other.replicates)
+
+    def __mul__(self, factor: float) -> Estimate:
+        return Estimate(self.point * factor, self.replicates * factor)
+
+
+@dataclass(frozen=True)
 class Resampled:
     """One run's column means: observed, and over `N_RESAMPLES` block-bootstrap resamples of its steps."""
 
@@ -110,6 +131,9 @@ class Resampled:
     replicates: dict
     n_steps: int
     block_steps: int
+
+    def mean(self, column: str) -> Estimate:
+        return Estimate(float(self.observed[column]), self.replicates[column])
 
 
 def resample_means(columns: dict, *, seed=0, n_resamples: int = N_RESAMPLES) -> Resampled:
@@ -148,24 +172,16 @@ def percentile_interval(point: float, replicates: np.ndarray, confidence: float 
     return Interval(float(point), float(min(low, point)), float(max(high, point)), confidence)
 
 
-def ratio_interval(numerator: Resampled, denominator: Resampled, column: str,
-                   confidence: float = DEFAULT_CONFIDENCE) -> Interval:
-    """Mean `column` of one run over the other's, e.g. A's step time over B's (a speedup)."""
-    point = numerator.observed[column] / denominator.observed[column]
-    return percentile_interval(point, numerator.replicates[column] / denominator.replicates[column], confidence)
-
-
 def speedup_interval(a_step_times_s, b_step_times_s, *, confidence: float = DEFAULT_CONFIDENCE,
                      seed: int = 0) -> Interval:
     """Speedup of B over A, mean step time of A over B's (above 1: B is faster), with its interval."""
     a = resample_means({"step_time_s": a_step_times_s}, seed=(seed, 0))
     b = resample_means({"step_time_s": b_step_times_s}, seed=(seed, 1))
-    return ratio_interval(a, b, "step_time_s", confidence)
+    return (a.mean("step_time_s") / b.mean("step_time_s")).interval(confidence)
 
 
 def mean_interval(values, *, confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> Interval:
-    resampled = resample_means({"value": values}, seed=seed)
-    return percentile_interval(resampled.observed["value"], resampled.replicates["value"], confidence)
+    return resample_means({"value": values}, seed=seed).mean("value").interval(confidence)
 
 
 def scaled_steps(n_steps: int, half_width: float, target_half_width: float) -> int:
@@ -191,8 +207,7 @@ def loss_shift_interval(a_losses, b_losses, *, confidence: float = DEFAULT_CONFI
     a = np.asarray(a_losses[:n], dtype=float)[n // 2:]
     b = np.asarray(b_losses[:n], dtype=float)[n // 2:]
     resampled = resample_means({"shift": b - a, "a": np.abs(a)}, seed=seed)
-    observed, replicates = resampled.observed, resampled.replicates
-    return percentile_interval(observed["shift"] / observed["a"], replicates["shift"] / replicates["a"], confidence)
+    return (resampled.mean("shift") / resampled.mean("a")).interval(confidence)
 
 
 def loss_diverges(a_losses, b_losses, *, confidence: float = DEFAULT_CONFIDENCE,

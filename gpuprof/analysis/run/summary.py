@@ -361,3 +361,19 @@ def trace_summary(name: str, path: str, step_breakdown: pd.DataFrame, meta: dict
         phase_split_pct=dict.fromkeys(PHASES), health=health(unknown), per_rank=pd.DataFrame(),
         step_times=times, device_figures=dict.fromkeys(device_figures),
     )
+
+
+# Per measured step, across ranks: what `gpuprof compare` resamples (gpuprof.analysis.run.stats).
+STEP_TABLE_FIGURES = {
+    "step_time_s": q.maximum("step_time_s"),  # the run's step: the slowest rank sets its pace
+    "rank_time_s": q.total("step_time_s"),  # what phase shares divide, as `phase_split_pct` does
+    "tokens": q.total("tokens"),
+    **{f"{phase}_time_s": q.total(f"{phase}_time_s") for phase in PHASES},
+    "mfu": q.weighted_mean("mfu", "step_time_s"),
+    "loss": q.mean(q.finite_only("loss")),
+}
+
+
+def measured_step_table(query, warmup: Warmup) -> pd.DataFrame:
+    """One row per measured step (`STEP_TABLE_FIGURES`), in step order, with a `step` column."""
+    return query.aggregate("steps", STEP_TABLE_FIGURES, by="step", where=measured_steps(warmup))

@@ -1,30 +1,43 @@
-"""Compare page: two runs side by side (e.g. baseline vs optimized): speedup, memory saved,
-findings that appeared or disappeared, and their timelines overlaid."""
+"""Compare page: run B against run A (e.g. baseline vs optimized) with the noise measured: the
+conclusion line, every figure with its interval, the comparability contract's differences, both
+runs' step-time distributions, the findings that appeared or disappeared, their timelines overlaid."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
+from gpuprof.analysis.run.stats import Interval
 from gpuprof.dashboard import data
-from gpuprof.dashboard.charts import trace_steps_panel
+from gpuprof.dashboard.charts import step_time_distribution_panel, trace_steps_panel
 from gpuprof.dashboard.views.common import (
-    need_runs, section, show_findings, show_not_in_a_trace, show_panel, show_verdict,
+    escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel, show_verdict,
 )
 from gpuprof.report import compare
-from gpuprof.report.format import fmt_gib, fmt_ratio
+from gpuprof.report.comparison import contract_lines, distribution_rows, figure_rows, figures_caption
+from gpuprof.report.format import ci_text, figure_text
 from gpuprof.report.trace_views import DIFF_TITLE
+
+FIGURE_COLUMNS = {
+    "Figure": st.column_config.TextColumn("Figure", width="medium"),
+    "A": st.column_config.TextColumn("A", help="A's value [its confidence interval]"),
+    "B": st.column_config.TextColumn("B", help="B's value [its confidence interval]"),
+    "B vs A": st.column_config.TextColumn("B vs A", help="B over A (×), or B minus A in percentage points (pp)"),
+    "Call": st.column_config.TextColumn("Call", help="a winner only where the whole interval says so"),
+}
 
 
 def headline(comparison) -> None:
-    a, b = comparison.a.summary, comparison.b.summary
-    speedup = a.step_time_p50_s / b.step_time_p50_s if a.step_time_p50_s and b.step_time_p50_s else None
-    throughput = b.tokens_per_s / a.tokens_per_s if a.tokens_per_s and b.tokens_per_s else None
-    saved = (a.peak_memory_bytes - b.peak_memory_bytes
-             if a.peak_memory_bytes is not None and b.peak_memory_bytes is not None else None)
-    columns = st.columns(3)
-    columns[0].metric("Speedup (step time p50, A/B)", fmt_ratio(speedup))
-    columns[1].metric("Throughput (tokens/s, B/A)", fmt_ratio(throughput))
-    columns[2].metric("Peak memory saved (A−B)", fmt_gib(saved))
+    """The conclusion, then the speedup and throughput ratio with their intervals."""
+    (st.error if comparison.blocking else st.success)(escape_markdown(comparison.conclusion))
+    by_name = {figure.name: figure.change for figure in comparison.figures}
+    slowdown = comparison.slowdown
+    ratios = {"Speedup (B over A, mean step time)": slowdown.inverted() if isinstance(slowdown, Interval) else None,
+              "Throughput (B/A)": by_name.get("Throughput"), "Peak memory (B/A)": by_name.get("Peak memory")}
+    for column, (label, ratio) in zip(st.columns(len(ratios)), ratios.items()):
+        interval = isinstance(ratio, Interval)
+        column.metric(label, figure_text(ratio.point if interval else ratio, "×"),
+                      help=ci_text(ratio, "×") if interval else None)
 
 
 def findings_column(column, title: str, findings: list) -> None:
@@ -41,13 +54,26 @@ def render(root, entries, selected) -> None:
         return
     entry_a, entry_b = selected[:2]
     st.header(f"Compare · A `{entry_a.name}` vs B `{entry_b.name}`")
+    comparison = None
     with section("Comparison"):
         comparison = compare(entry_a.report, entry_b.report)
         headline(comparison)
         for label, entry in (("A", entry_a), ("B", entry_b)):
             st.caption(f"{label} `{entry.name}`")
             show_verdict(entry.report.verdict)
-        st.dataframe(comparison.metrics, hide_index=True, key="compare_metrics")
+        st.caption(figures_caption(comparison))
+        st.dataframe(pd.DataFrame(figure_rows(comparison)), hide_index=True, column_config=FIGURE_COLUMNS,
+                     key="compare_figures")
+        st.markdown("**Comparability contract** (checked from what the runs recorded)\n\n"
+                    + "\n".join(f"- {escape_markdown(line)}" for line in contract_lines(comparison)))
+    if comparison is None:
+        return
+    with section("Step-time distributions"):
+        times = {f"{label}: {side.label}": side.steps["step_time_s"].dropna().to_numpy()
+                 for label, side in (("A", comparison.a_side), ("B", comparison.b_side))}
+        show_panel(step_time_distribution_panel(times))
+        st.dataframe(pd.DataFrame(distribution_rows(comparison)), hide_index=True, key="compare_distributions")
+    with section("Diagnoses"):
         left, right = st.columns(2)
         findings_column(left, "Findings that appeared in B", comparison.appeared)
         findings_column(right, "Findings gone in B", comparison.disappeared)

@@ -84,6 +84,7 @@ class TrainConfig:
     batch_size: int | None = None
     seq_len: int | None = None
     vocab_size: int | None = None  # None: the model size's (50304 for the GPT-2 sizes)
+    n_layer: int | None = None  # None: the model size's transformer blocks
     dropout: float = 0.0
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
@@ -117,6 +118,7 @@ class TrainConfig:
     # Problems on purpose, for demonstrating the diagnoses.
     data_delay_ms: float = 0.0
     host_sync: bool = False
+    host_work_ms: float = 0.0  # busy host work every step (a regression on purpose, for `compare --gate`)
     straggler_rank: int | None = None
     straggler_delay_ms: float = 0.0
     inject: list[str] | None = None  # faults, "FAULT@STEP" (gpuprof/workloads/gpt2/faults.py)
@@ -132,6 +134,7 @@ class TrainConfig:
         self.batch_size = size.batch_size if self.batch_size is None else self.batch_size
         self.seq_len = size.n_positions if self.seq_len is None else self.seq_len
         self.vocab_size = size.vocab_size if self.vocab_size is None else self.vocab_size
+        self.n_layer = size.n_layer if self.n_layer is None else self.n_layer
         self._validate(size)
         self.trace_window  # a malformed window fails now, not mid-run
 
@@ -158,10 +161,10 @@ class TrainConfig:
         if self.parallel == "fsdp" and self.precision == "fp16":
             raise GpuprofError("--parallel fsdp runs bf16 or fp32: fp16 needs a GradScaler that agrees across "
                                "shards, which this workload does not use")
-        for name in ("steps", "batch_size", "seq_len", "grad_accum", "vocab_size", "log_every"):
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "vocab_size", "n_layer", "log_every"):
             if getattr(self, name) < 1:
                 raise GpuprofError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("num_workers", "checkpoint_every", "warmup_steps", "data_delay_ms",
+        for name in ("num_workers", "checkpoint_every", "warmup_steps", "data_delay_ms", "host_work_ms",
                      "straggler_delay_ms", "grad_clip", "lr", "weight_decay"):
             if getattr(self, name) < 0:
                 raise GpuprofError(f"{name} must not be negative, got {getattr(self, name)}")

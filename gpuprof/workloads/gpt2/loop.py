@@ -115,6 +115,7 @@ def run(session: Session) -> TrainResult:
             losses.append(loss)
             if config.host_sync:
                 loss.item()  # what a naive loop does to log: waits for the device every step
+            _host_work(config.host_work_ms)
             progress.update(step, loss, last=step + 1 == config.steps)
             if first_step_end is None:
                 first_step_end = _synchronized_time(placement.device)  # step 0 includes warm-up
@@ -208,6 +209,13 @@ def _straggle(session: Session) -> None:
     config = session.config
     if config.straggler_delay_ms and session.placement.rank == config.straggler_rank:
         time.sleep(config.straggler_delay_ms / 1000)
+
+
+def _host_work(duration_ms: float) -> None:
+    """Keep the host busy, as per-step Python overhead does: a spin to a deadline, not a sleep."""
+    deadline = time.perf_counter() + duration_ms / 1000
+    while time.perf_counter() < deadline:
+        pass
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

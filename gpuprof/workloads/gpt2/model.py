@@ -16,7 +16,7 @@ def build_model(config: TrainConfig) -> torch.nn.Module:
 
     size = SIZES[config.model_size]
     model_config = GPT2Config(
-        n_layer=size.n_layer,
+        n_layer=config.n_layer,
         n_head=size.n_head,
         n_embd=size.d_model,
         n_positions=size.n_positions,

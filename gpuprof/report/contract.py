@@ -1,0 +1,88 @@
+"""The comparability contract: what two runs must share for their steps to be compared, read
+from what each run recorded (its meta, its loop's facts, its steps), never declared by the user.
+
+Every difference is listed. A difference in what one step computes, or on what, makes a
+per-step comparison meaningless and blocks it (`gpuprof compare --gate` exits 4); a different
+torch, CUDA, driver, precision or optimizer is what a comparison is often for, so it is listed
+and the comparison goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from gpuprof.report.format import MISSING, device_label, figure
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    # meta, median tokens per measured step -> the recorded value (None when not recorded)
+    read: Callable[[dict, float | None], object]
+    blocks: bool
+    group: str
+
+
+def _nested(*keys: str) -> Callable[[dict, float | None], object]:
+    def read(meta: dict, _tokens) -> object:
+        value = meta
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+    return read
+
+
+def _model_class(meta: dict, _tokens) -> str | None:
+    return _nested("loop", "model", "class")(meta, None) or _nested("model", "class")(meta, None)
+
+
+TERMS = (
+    Term("torch", _nested("versions", "torch"), False, "environment"),
+    Term("CUDA", _nested("versions", "cuda"), False, "environment"),
+    Term("driver", _nested("versions", "driver"), False, "environment"),
+    Term("devices", lambda meta, _: device_label(meta) if meta.get("devices") else None, True, "environment"),
+    Term("world size", lambda meta, _: int(meta.get("world_size") or 1), True, "environment"),
+    Term("model class", _model_class, True, "workload"),
+    Term("parameters", _nested("model", "n_params"), True, "workload"),
+    Term("parameter shapes", _nested("model", "param_shapes_digest"), True, "workload"),
+    Term("tokens per step", lambda _, tokens: tokens, True, "workload"),
+    Term("precision", _nested("compute_dtype"), False, "workload"),
+    Term("optimizer", _nested("loop", "optimizer", "class"), False, "workload"),
+)
+
+
+@dataclass(frozen=True)
+class Difference:
+    term: str
+    group: str
+    a: str
+    b: str
+    # it makes the comparison meaningless (False also where one run did not record it)
+    blocks: bool
+
+    @property
+    def text(self) -> str:
+        return f"{self.term}: A {self.a}, B {self.b}"
+
+    def to_dict(self) -> dict:
+        return {"term": self.term, "group": self.group, "a": self.a, "b": self.b, "blocks": self.blocks}
+
+
+def shown(value) -> str:
+    if value is None:
+        return f"{MISSING} (not recorded)"
+    return figure(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def differences(meta_a: dict, tokens_a: float | None, meta_b: dict, tokens_b: float | None) -> list[Difference]:
+    """Every term of the contract on which the two runs differ; a term one run did not record
+    is listed but cannot block (it cannot be checked)."""
+    found = []
+    for term in TERMS:
+        a, b = term.read(meta_a, tokens_a), term.read(meta_b, tokens_b)
+        if a == b:
+            continue
+        found.append(Difference(term.name, term.group, shown(a), shown(b),
+                                term.blocks and a is not None and b is not None))
+    return found
