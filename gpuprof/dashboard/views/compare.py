@@ -29,7 +29,7 @@ FIGURE_COLUMNS = {
 
 def headline(comparison) -> None:
     """The conclusion, then the speedup and throughput ratio with their intervals."""
-    (st.error if comparison.blocking else st.success)(escape_markdown(comparison.conclusion))
+    (st.warning if comparison.blocking else st.success)(escape_markdown(comparison.conclusion))
     by_name = {figure.name: figure.change for figure in comparison.figures}
     slowdown = comparison.slowdown
     ratios = {"Speedup (B over A, mean step time)": slowdown.inverted() if isinstance(slowdown, Interval) else None,
