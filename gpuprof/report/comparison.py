@@ -74,7 +74,7 @@ class Side:
 
 def _nonfinite(health: dict) -> int:
     grads = health["nonfinite_grad_steps"] if health.get("scaler_scale_last") is None else 0
-    return int(health["nonfinite_loss_steps"] + grads)
+    return int((health["nonfinite_loss_steps"] or 0) + (grads or 0))  # None: not recorded (a plain trace)
 
 
 def side(reports: list[Report], pooling: str = "pooled", seed: int = 0) -> Side:
