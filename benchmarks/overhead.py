@@ -16,12 +16,17 @@ Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, 
   cold    a few of gpuprof's per-step pieces, each timed as the first thing after a bare training
           step (where gpuprof's step-end work runs) and again at once: what the first call costs
           against a repeated one
+  stacks  the stack sampler (gpuprof.capture.stack_sampler): interleaved pairs captured with every default,
+          stack samples off and on (at --stack-interval-s, default the Profiler's), the increase in
+          wall time per step; and each sample's own time on the sampler's thread, with what that
+          comes to per step at that rate
 
     .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
     .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
     .venv/bin/python benchmarks/overhead.py --loss outside --no-clip         # ... and no clip_grad_norm_
     .venv/bin/python benchmarks/overhead.py --components timer switch
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components cold
+    .venv/bin/python benchmarks/overhead.py --pairs 3 --components stacks --stacks-pairs 20
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
 """
@@ -49,6 +54,7 @@ from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.collector import CollectorSet
 from gpuprof.capture.memory import RssReader
 from gpuprof.capture.profiler import Profiler
+from gpuprof.capture.stack_sampler import STACK_INTERVAL_S, StackSampler
 from gpuprof.capture.system import SystemSampler
 from gpuprof.numerics.keeping import StepKeeping, _WeightSample
 from gpuprof.numerics.monitor import NumericsMonitor
@@ -310,6 +316,7 @@ class HookTimer:
             self.patch(Tape, method, "numerics: tape")
         self.patch(StreamWriter, "write", "writer")
         self.patch(SystemSampler, "sample", "sampler")
+        self.patch(StackSampler, "sample", "stack sampler")
         try:
             yield self
         finally:
@@ -371,6 +378,29 @@ def cold_table(bench: Bench, rounds: int) -> dict[str, tuple[float, float]]:
     return {name: (statistics.median(first[name]) * 1e6, statistics.median(repeated[name]) * 1e6) for name in probes}
 
 
+def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, float, int]:
+    """Interleaved pairs captured with every default, stack samples off (as `bare`) and on; and the median
+    microseconds of one sample on the sampler's thread, over every sample of the `on` blocks."""
+    result = Pairs()
+    samples_us: list[float] = []
+    original = StackSampler.sample
+
+    def timed_sample(sampler):
+        start = time.perf_counter()
+        original(sampler)
+        samples_us.append((time.perf_counter() - start) * 1e6)
+
+    StackSampler.sample = timed_sample
+    try:
+        for rep in range(pairs):
+            for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
+                with bench.open_run({"stack_interval_s": 0 if mode == "off" else interval_s}) as prof:
+                    (result.bare if mode == "off" else result.capture).append(bench.block(prof))
+    finally:
+        StackSampler.sample = original
+    return result, statistics.median(samples_us) if samples_us else float("nan"), len(samples_us)
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -423,6 +453,18 @@ def print_switch_table(results: dict[str, Pairs], patched_out: dict[str, Pairs])
               f"ratio x{pairs.median_ratio():.4f}")
 
 
+def print_stacks_table(pairs: Pairs, sample_us: float, samples: int, interval_s: float) -> None:
+    low, high = pairs.spread()
+    step_s = pairs.step_s("bare")
+    per_step_us = sample_us * step_s / interval_s
+    print(f"\nstack sampler every {interval_s:g} s ({len(pairs.bare)} interleaved pairs, every other default on):")
+    print(f"  wall time: off {step_s * 1e3:.2f} ms/step, on {pairs.step_s('capture') * 1e3:.2f} ms/step; "
+          f"ratio x{pairs.median_ratio():.4f} median, p10-p90 x{low:.4f}-x{high:.4f}; "
+          f"{pairs.added_us_per_step():+.0f} us/step median")
+    print(f"  one sample: {sample_us:.1f} us on the sampler's thread (median of {samples}); at this rate "
+          f"{per_step_us:.1f} us per {step_s * 1e3:.2f} ms step = {100 * per_step_us / (step_s * 1e6):.3f} % of a step")
+
+
 @contextlib.contextmanager
 def no_op(owner: type, attribute: str):
     original = owner.__dict__[attribute]
@@ -448,11 +490,14 @@ def main() -> None:
     parser.add_argument("--no-clip", action="store_true",
                         help="the loop does not clip: gpuprof computes the gradient norm itself")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold"), default=(),
+    parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold", "stacks"), default=(),
                         help="add the per-part table(s) in us per step")
     parser.add_argument("--timer-steps", type=int, default=100, help="captured steps under the hook timer")
     parser.add_argument("--switch-pairs", type=int, default=10, help="pairs per configuration for `switch`")
     parser.add_argument("--cold-rounds", type=int, default=30, help="training steps per probe for `cold`")
+    parser.add_argument("--stacks-pairs", type=int, default=15, help="off/on pairs for `stacks`")
+    parser.add_argument("--stack-interval-s", type=float, default=STACK_INTERVAL_S,
+                        help="the stack sampler's period for `stacks`")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -473,6 +518,8 @@ def main() -> None:
                     patched_out[label] = bench.pairs({}, args.switch_pairs, label)
         if "cold" in args.components:
             cold = cold_table(bench, args.cold_rounds)
+        if "stacks" in args.components:
+            stacks = stacks_costs(bench, args.stacks_pairs, args.stack_interval_s)
     print_headline(args, bench, headline)
     if "timer" in args.components:
         print_hook_table(parts, step_s)
@@ -480,6 +527,8 @@ def main() -> None:
         print_switch_table(switched, patched_out)
     if "cold" in args.components:
         print_cold_table(cold, args.cold_rounds)
+    if "stacks" in args.components:
+        print_stacks_table(*stacks, args.stack_interval_s)
     print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
 
 

@@ -11,6 +11,7 @@ from gpuprof.capture.memory import MemoryCollector
 from gpuprof.capture.oom import OomCollector
 from gpuprof.capture.optimizer import OptimizerCollector
 from gpuprof.capture.scaler import ScalerCollector
+from gpuprof.capture.stack_sampler import StackSampler
 from gpuprof.capture.system import SystemSampler
 from gpuprof.capture.trace import TraceCollector
 from gpuprof.capture.watchdog import HangWatchdog
@@ -22,10 +23,12 @@ from gpuprof.optimizers import has_step_hooks
 
 def builtin_collectors(prof) -> list:
     options = prof.options
-    sampler = SystemSampler(options.sample_interval_s) if options.sample_interval_s else None
+    stacks = StackSampler(options.stack_interval_s) if options.stack_interval_s else None
+    sampler = SystemSampler(options.sample_interval_s, stacks) if options.sample_interval_s or stacks else None
+    system_rows = sampler if options.sample_interval_s else None
     # phases first: its backward-end stamp comes before the other collectors' work on the gradients
-    collectors = [prof.phase_hooks, prof.model_info, LoopFacts(prof.model, prof.optimizer, prof.loader),
-                  sampler, MemoryCollector(prof.device, sampler), OomCollector(prof.device, options.memory_history)]
+    collectors = [prof.phase_hooks, prof.model_info, LoopFacts(prof.model, prof.optimizer, prof.loader), stacks,
+                  sampler, MemoryCollector(prof.device, system_rows), OomCollector(prof.device, options.memory_history)]
     # an optimizer without step hooks (reported by phase_hooks) is left to the collectors that need none
     hookable_optimizer = prof.optimizer if has_step_hooks(prof.optimizer) else None
     gradients = None

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuprof.capture.stack_sampler import STACK_INTERVAL_S
 from gpuprof.numerics.options import NumericsOptions
 
 
@@ -13,6 +14,7 @@ from gpuprof.numerics.options import NumericsOptions
 class CaptureOptions:
     trace_steps: tuple[int, ...] = ()
     sample_interval_s: float | str = "auto"  # 0: no background sampler; "auto": see SystemSampler
+    stack_interval_s: float = STACK_INTERVAL_S  # 0: no stack samples (gpuprof.capture.stack_sampler)
     grad_norms: bool = True
     layer_interval: int = 10
     update_ratio_interval: int = 100

@@ -1,17 +1,30 @@
-"""Automatic phases: every step split into data / forward / backward / optimizer with no markup.
+"""Automatic phases: every step split into data / forward / backward / optimizer / eval with no markup.
 
-From hooks on the objects the loop hands to the Profiler, with the Profiler's clock:
+From hooks on the objects the loop hands to the Profiler, with the Profiler's clock, and from what
+the step does (gpuprof.capture.producers), in whatever order the loop does it:
+- data: host time in every `next()` of a torch DataLoader iterator and in every call of the user's
+  functions whose results become the model's inputs (found at the first training call: nanoGPT's
+  `get_batch`), wherever in the step they run: before the forward, between the forward and
+  `backward()` (that time is taken out of the forward) or after the optimizer. Only the outermost
+  call counts; inside the model's own call, or inside an evaluation, it is not data. A step in which
+  no such call ran (batches from a list, a generator object) falls back to the time from the start
+  of the step (the previous `prof.step()`) to its first call of the model.
+- eval: evaluation inside the loop, on the host clock: each call of the user function under which
+  the model runs in evaluation (no grad or `model.eval()`; found at its first such call, then
+  wrapped: nanoGPT's `estimate_loss()`), else from the start of the first evaluation call of the
+  model to the end of the last one before the step's training work goes on (a loop calling the model
+  in evaluation itself, as the Accelerate example does). Reported apart; never data or forward.
 - forward: a training call of the root module (`module.training` and grad enabled), from its
-  forward pre-hook to the start of the backward pass through its output (a prehook on the
-  grad_fn of the first output tensor: a Hugging Face model's loss, else its logits). A loss computed outside the model therefore counts as forward, and
-  so does anything else the loop does between the model call and `backward()`. With no backward
-  through the outputs, the forward ends at the module's forward hook.
+  forward pre-hook to the start of the backward pass through its output (a prehook on the grad_fn
+  of the first output tensor: a Hugging Face model's loss, else its logits). A loss computed outside
+  the model therefore counts as forward, and so does the rest of what the loop does between the model
+  call and `backward()`, data excepted. With no backward through the outputs, the forward ends at
+  the module's forward hook.
 - backward: from that start to the end of the autograd pass (gpuprof.capture.backward, seen as
   `on_after_backward`); from the end of the forward when the pass did not start at its outputs.
 - optimizer: `optimizer.step()` itself, from its step pre-hook to its step post-hook.
-- data: host time from the start of the step (the previous `prof.step()`) to its first call of
-  the model (an evaluation call ends it too). Later micro-batches' loading, evaluation, clipping,
-  `zero_grad` and logging are `other`.
+Clipping, `zero_grad`, logging and the rest are `other`, which the stack sampler
+(gpuprof.capture.stack_sampler) names by the user's functions.
 
 Explicit `prof.phase(name)` spans win, per step and name (the Profiler merges the two).
 Each hook does constant work (a clock stamp, a few attribute writes): nothing per parameter.
@@ -19,15 +32,22 @@ Each hook does constant work (a clock stamp, a few attribute writes): nothing pe
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from gpuprof.capture.producers import (Found, Span, Wrapped, find_evaluator, find_producers, found, model_inputs,
+                                       unwatch_dataloaders, watch_dataloaders)
 from gpuprof.capture.timing import PhaseTimes
+from gpuprof.capture.usercode import user_frames
 from gpuprof.optimizers import has_step_hooks
 from gpuprof.run.schema import EventKind
+
+logger = logging.getLogger("gpuprof")
 
 
 def is_training_call(module: torch.nn.Module) -> bool:
@@ -55,6 +75,15 @@ class PhaseHooks:
         self._times: PhaseTimes | None = None
         self._data_start: float | None = None
         self._forward_start = self._forward_end = self._backward_start = self._optimizer_start = None
+        self._data: Span | None = None
+        self._eval: Span | None = None
+        self._wrapped: list[Wrapped] = []
+        self.found: list[Found] = []  # the user functions timed as data or eval, for meta.json
+        self._loop_codes: set | None = None  # the user code calling the model in training, once seen
+        self._eval_codes: list | None = None  # the user code on the stack of the first evaluation call
+        self._evaluator_searched = False
+        self._in_model = 0
+        self._step_spans = _StepSpans()
 
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
@@ -72,11 +101,15 @@ class PhaseHooks:
         self._backward_prehook = guard(self, "grad_fn_prehook", self._backward_begins)
         try:
             self._handles.append(self._model.register_forward_pre_hook(
-                guard(self, "forward_pre_hook", self._forward_begins)))
+                guard(self, "forward_pre_hook", self._forward_begins), with_kwargs=True))
             self._handles.append(self._model.register_forward_hook(
                 guard(self, "forward_hook", self._forward_ends), always_call=True))
         except Exception as error:  # noqa: BLE001 - e.g. a scripted module
             return phases, f"cannot hook the model: {error!r}"
+        self._data = Span(guard(self, "data_begins", self._data_begins), guard(self, "data_ends", self._data_ends),
+                          guard(self, "data_produced", self._data_produced))
+        self._eval = Span(guard(self, "eval_begins", self._eval_begins), guard(self, "eval_ends", self._eval_ends))
+        watch_dataloaders(self._data)
         return None
 
     def _hook_optimizer(self, prof) -> tuple[tuple[str, ...], str] | None:
@@ -102,14 +135,23 @@ class PhaseHooks:
                    severity="warning", phases=[name for phases, _ in unavailable for name in phases],
                    reasons=[why for _, why in unavailable])
 
+    def meta(self, prof) -> dict:
+        return {"phase_sources": [item.to_dict() for item in self.found]}
+
     def on_close(self, prof) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._data is not None:
+            unwatch_dataloaders(self._data)
+        for wrapped in self._wrapped:
+            wrapped.restore()
+        self._wrapped.clear()
 
     def on_step_start(self, prof, step: int) -> None:
         self._times = PhaseTimes(self._clock)
         self._data_start = time.perf_counter()
+        self._step_spans = _StepSpans()
         self._forward_start = self._forward_end = self._backward_start = self._optimizer_start = None
 
     def on_after_backward(self, prof, step: int) -> None:
@@ -133,6 +175,10 @@ class PhaseHooks:
     def finish_step(self) -> PhaseTimes | None:
         """The step's automatic spans; the Profiler calls this at `prof.step()`."""
         self._close_forward()
+        if self._times is not None:
+            self._step_spans.close_window()
+            for name, seconds in self._step_spans.totals_s().items():
+                self._times.add_host(name, seconds)
         return self._times
 
     @property
@@ -154,17 +200,45 @@ class PhaseHooks:
         """A backward pass through the model's outputs began and its end was not seen."""
         return self._backward_start is not None
 
+    @property
+    def loop_codes(self) -> set | None:
+        """The code objects of the user frames that called the model in training (the loop), once seen."""
+        return self._loop_codes
+
+    @property
+    def current_phase(self) -> str:
+        """What the training thread is doing now, by these hooks: the stack sampler's label for a sample."""
+        if self._eval is not None and (self._eval.open or self._step_spans.window_open):
+            return "eval"
+        if self._data is not None and self._data.open and not self._in_model:
+            return "data"
+        if self._backward_start is not None:
+            return "backward"
+        if self._optimizer_start is not None:
+            return "optimizer"
+        return "forward" if self._forward_start is not None or self._in_model else "other"
+
     # ------------------------------------------------------------------ torch hooks
-    def _forward_begins(self, module, args) -> None:
-        if self._data_start is not None:  # an evaluation call ends it too: evaluation is not loading
-            self._times.add_host("data", time.perf_counter() - self._data_start)
+    def _forward_begins(self, module, args, kwargs) -> None:
+        self._in_model += 1
+        if self._step_spans.data_start is not None:  # a function that calls the model is no batch function
+            self._step_spans.data_start, self._step_spans.forward_paused = None, False
+        if self._data_start is not None:  # the fallback data span ends at the first call, evaluation or not
+            self._step_spans.gap_s = time.perf_counter() - self._data_start
             self._data_start = None
         if not is_training_call(module):
+            self._evaluation_call(args, kwargs)
             return
+        self._step_spans.close_window()
+        if self._loop_codes is None:
+            self._find_producers(args, kwargs)
         self._close_forward()
         self._forward_start = self._clock.stamp()
 
     def _forward_ends(self, module, args, output) -> None:
+        self._in_model = max(0, self._in_model - 1)
+        if not is_training_call(module):
+            self._step_spans.evaluation_call_ended()
         if self._forward_start is None or self._forward_end is not None:  # not a training call
             return
         self._forward_end = self._clock.stamp()
@@ -181,6 +255,7 @@ class PhaseHooks:
         self._forward_start = self._forward_end = None
 
     def _optimizer_begins(self, optimizer, args, kwargs) -> None:
+        self._step_spans.close_window()
         self._close_forward()
         self._optimizer_start = self._clock.stamp()
 
@@ -194,3 +269,138 @@ class PhaseHooks:
         if self._forward_start is not None and self._forward_end is not None:
             self._times.add("forward", self._forward_start, self._forward_end)
         self._forward_start = self._forward_end = None
+
+    # ------------------------------------------------------------------ data and evaluation
+    def _data_begins(self) -> None:
+        if self._in_model or self._eval.open or self._times is None:
+            self._step_spans.data_start = None
+            return
+        self._step_spans.data_start = time.perf_counter()
+        if self._forward_start is not None and self._forward_end is not None:  # between forward and backward
+            paused_at = self._clock.stamp()
+            self._times.add("forward", self._forward_start, paused_at)
+            self._forward_start = self._forward_end = None
+            self._step_spans.forward_paused = True
+
+    def _data_ends(self) -> None:
+        self._step_spans.data_ended()
+        if self._step_spans.forward_paused:  # the forward goes on until backward() or its close
+            self._forward_start = self._forward_end = self._clock.stamp()
+            self._step_spans.forward_paused = False
+
+    def _data_produced(self, batch) -> None:
+        if self._step_spans.data_start is not None:
+            self._step_spans.last_batch = model_inputs((batch,), {})
+
+    def _eval_begins(self) -> None:
+        self._step_spans.close_window()
+        self._step_spans.eval_start = time.perf_counter()
+
+    def _eval_ends(self) -> None:
+        self._step_spans.eval_ended()
+
+    def _evaluation_call(self, args, kwargs) -> None:
+        if self._eval is not None and self._eval.open:
+            return
+        if self._eval_codes is None:
+            frames = user_frames(sys._getframe())
+            self._eval_codes = [frame.f_code for frame in frames]
+            self._find_evaluator(frames)
+        self._step_spans.evaluation_call_began(model_inputs(args, kwargs))
+
+    def _find_producers(self, args, kwargs) -> None:
+        """Once, at the first training call: the user frames calling the model, and the calls feeding it."""
+        frame = sys._getframe()
+        frames = user_frames(frame)
+        self._loop_codes = {user_frame.f_code for user_frame in frames}
+
+        def wrap_producers():
+            for binding in find_producers(frame, model_inputs(args, kwargs)):
+                self._wrap(binding, "data", self._data)
+
+        self._searching(wrap_producers)
+        self._find_evaluator(frames)
+
+    def _find_evaluator(self, frames: list) -> None:
+        """Once both the loop's code and an evaluation call's stack are known: the function evaluating."""
+        if self._evaluator_searched or self._eval_codes is None or self._loop_codes is None:
+            return
+        self._evaluator_searched = True
+        self._searching(lambda: self._wrap(find_evaluator(self._eval_codes, self._loop_codes, frames), "eval",
+                                           self._eval))
+
+    @staticmethod
+    def _searching(search) -> None:
+        """A search of the user's code that fails leaves the phases as they are (data from the step's start
+        to its first model call) rather than switching them off."""
+        try:
+            search()
+        except Exception as error:  # noqa: BLE001 - reading the user's frames and source is best effort
+            logger.warning("gpuprof: could not find what feeds the model (%r); data is timed up to its first call",
+                           error)
+
+    def _wrap(self, binding, role: str, span: Span) -> None:
+        if binding is None or span is None:
+            return
+        owner, name, value = binding
+        self._wrapped.append(Wrapped(owner, name, span))
+        self.found.append(found(role, value))
+
+
+class _StepSpans:
+    """One step's host-clock data and evaluation spans; data inside an evaluation is evaluation."""
+
+    def __init__(self):
+        self.data_spans: list[tuple[float, float]] = []
+        self.eval_spans: list[tuple[float, float]] = []
+        self.data_start: float | None = None
+        self.eval_start: float | None = None
+        self.forward_paused = False
+        self.gap_s: float | None = None  # the fallback: from the step's start to its first model call
+        self.last_batch: set[int] = set()  # the tensors the last data span returned
+        self._window: list[float] | None = None  # [first evaluation call's start, last one's end]
+
+    def data_ended(self) -> None:
+        if self.data_start is not None:
+            self.data_spans.append((self.data_start, time.perf_counter()))
+            self.data_start = None
+
+    def eval_ended(self) -> None:
+        if self.eval_start is not None:
+            self.eval_spans.append((self.eval_start, time.perf_counter()))
+            self.eval_start = None
+
+    @property
+    def window_open(self) -> bool:
+        return self._window is not None
+
+    def evaluation_call_began(self, inputs: set[int]) -> None:
+        """The first evaluation call of a window; the batch fetched for it (the last data span, when it
+        returned this call's inputs) is evaluation too."""
+        if self._window is None:
+            now = time.perf_counter()
+            fetched_for_it = self.data_spans and inputs & self.last_batch
+            self._window = [self.data_spans[-1][0] if fetched_for_it else now, now]
+
+    def evaluation_call_ended(self) -> None:
+        if self._window is not None:
+            self._window[1] = time.perf_counter()
+
+    def close_window(self) -> None:
+        """The training work goes on: the evaluation calls so far are one span."""
+        if self._window is not None:
+            self.eval_spans.append(tuple(self._window))
+            self._window = None
+
+    def totals_s(self) -> dict[str, float]:
+        evaluation_s = sum(end - start for start, end in self.eval_spans)
+        data_s = sum(end - start - _overlap_s((start, end), self.eval_spans) for start, end in self.data_spans)
+        if not self.data_spans and self.gap_s is not None:
+            data_s = self.gap_s
+        totals = {"data": data_s} if self.data_spans or self.gap_s is not None else {}
+        return {**totals, "eval": evaluation_s} if self.eval_spans else totals
+
+
+def _overlap_s(span: tuple[float, float], others: list[tuple[float, float]]) -> float:
+    start, end = span
+    return sum(max(0.0, min(end, other_end) - max(start, other_start)) for other_start, other_end in others)

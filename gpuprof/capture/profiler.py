@@ -37,6 +37,7 @@ from gpuprof.capture.losses import BackwardLosses
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
 from gpuprof.capture.phases import PhaseHooks
+from gpuprof.capture.stack_sampler import STACK_INTERVAL_S
 from gpuprof.capture.system import AUTO_INTERVAL
 from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
@@ -49,7 +50,7 @@ from gpuprof.run.writer import RunWriter
 
 logger = logging.getLogger("gpuprof")
 
-KNOWN_PHASES = ("data", "forward", "backward", "optimizer")
+KNOWN_PHASES = ("data", "forward", "backward", "optimizer", "eval")
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its event
 SIGTERM_WRITE_S = 5.0  # what a rank stopped by SIGTERM spends writing where it was
 
@@ -70,6 +71,8 @@ class Profiler:
     trace_steps: optimizer steps to record with torch.profiler (e.g. range(10, 14)); None for none.
     sample_interval_s: background device/host sampling period; "auto" (default): 0.1 s where this rank's GPU
         can be sampled (NVML), 1 s for the host alone; 0 or None turns the sampler off.
+    stack_interval_s: the training thread's Python stack is sampled this often (seconds, from the same
+        thread; gpuprof.capture.stack_sampler) to name the user's functions where time goes; 0 turns it off.
     flops_per_token: training FLOPs per token; derived from a Hugging Face style model when None.
     grad_norms: per-step global grad norm; layer_interval: per-layer norms every N steps (0: never);
     update_ratio_interval: per-layer update-to-weight ratios every N steps (0: never).
@@ -92,6 +95,7 @@ class Profiler:
         name: str | None = None,
         trace_steps: Iterable[int] | None = None,
         sample_interval_s: float | str | None = "auto",
+        stack_interval_s: float | None = STACK_INTERVAL_S,
         flops_per_token: float | None = None,
         lr_scheduler: Any = None,
         grad_norms: bool = True,
@@ -117,7 +121,8 @@ class Profiler:
         self.name = name or os.path.basename(os.path.abspath(self.run_dir))
         self.options = CaptureOptions(
             trace_steps=tuple(sorted(set(trace_steps))) if trace_steps is not None else (),
-            sample_interval_s=_sample_interval(sample_interval_s), grad_norms=grad_norms, layer_interval=layer_interval,
+            sample_interval_s=_sample_interval(sample_interval_s), stack_interval_s=_stack_interval(stack_interval_s),
+            grad_norms=grad_norms, layer_interval=layer_interval,
             update_ratio_interval=update_ratio_interval, record_shapes=record_shapes, profile_memory=profile_memory,
             with_stack=with_stack, memory_history=memory_history, numerics=NumericsOptions.given(numerics),
             on_nonfinite=check_policy(on_nonfinite), hang_timeout_s=check_timeout(hang_timeout_s),
@@ -144,6 +149,7 @@ class Profiler:
         self.final_status: str | None = None  # set by close(), before the collectors close
         self._step_phases: PhaseTimes | None = None
         self._sigterm_handler = None
+        self.bookkeeping = False  # inside gpuprof's own step-end work, which is no step's time
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Profiler":
@@ -279,8 +285,10 @@ class Profiler:
         so that NaN forensics can re-run the step with `loss_fn` (docs/numerics.md).
         """
         if self._active:
+            self.bookkeeping = True
             with own_work():
                 self._guarded(self._end_step, loss, tokens, batch)
+            self.bookkeeping = False
         if self._joiners and not self._closed:
             self._join_step_collectives()
         if self._active:
@@ -473,6 +481,14 @@ def _sample_interval(value: Any) -> float | str:
         return value or 0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise GpuprofError(f"sample_interval_s must be \"{AUTO_INTERVAL}\", a number of seconds or 0, got {value!r}")
+    return float(value)
+
+
+def _stack_interval(value: Any) -> float:
+    if not value:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise GpuprofError(f"stack_interval_s must be a number of seconds or 0, got {value!r}")
     return float(value)
 
 

@@ -16,6 +16,7 @@ import psutil
 import torch
 
 from gpuprof.capture.memory import RssReader
+from gpuprof.capture.stack_sampler import StackSampler
 from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
@@ -137,14 +138,16 @@ HOST_INTERVAL_S = 1.0
 
 
 class SystemSampler:
-    """A daemon thread writing one `system` row per interval (one per device plus the host readings).
+    """A daemon thread writing one `system` row per interval (one per device plus the host readings),
+    and taking the stack sampler's samples (gpuprof.capture.stack_sampler) between them, one wake-up for both.
     interval_s: seconds, or AUTO_INTERVAL: DEVICE_INTERVAL_S where this rank's GPU can be sampled,
-    HOST_INTERVAL_S for the host alone."""
+    HOST_INTERVAL_S for the host alone; 0 for no system rows (the thread then runs for the stacks alone)."""
 
     name = "system"
 
-    def __init__(self, interval_s: float | str):
+    def __init__(self, interval_s: float | str, stacks: StackSampler | None = None):
         self.interval_s = interval_s
+        self.stacks = stacks
         self.device_mem_used_bytes: int | None = None
         self.proc_rss_bytes: int | None = None  # the latest reading, for the step records
         self._nvml: NvmlDevice | None = None
@@ -153,8 +156,18 @@ class SystemSampler:
         self._rss = RssReader()
         self._prof = None
 
+    @property
+    def samples_system(self) -> bool:
+        return bool(self.interval_s)
+
     def on_start(self, prof) -> None:
         self._prof = prof
+        if self.samples_system:
+            self._start_system(prof)
+        self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
+        self._thread.start()
+
+    def _start_system(self, prof) -> None:
         reason = self._open_nvml(prof.device)
         if self.interval_s == AUTO_INTERVAL:
             self.interval_s = HOST_INTERVAL_S if reason else DEVICE_INTERVAL_S
@@ -163,8 +176,6 @@ class SystemSampler:
             prof.event(EventKind.DEVICE_METRICS_OFF, f"device metrics off: {reason}", reason=reason)
         psutil.cpu_percent(interval=None)  # the first reading only starts psutil's measurement window
         self.proc_rss_bytes = self._rss.rss_bytes()
-        self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
-        self._thread.start()
 
     def _open_nvml(self, device: torch.device) -> str | None:
         """None when this rank's GPU can be sampled, else why not."""
@@ -180,27 +191,52 @@ class SystemSampler:
         return None
 
     def meta(self, prof) -> dict:
+        if not self.samples_system:
+            return {}
         facts = {"sample_interval_s": self.interval_s}
         return {**facts, "driver": self._nvml.driver} if self._nvml is not None else facts
 
     def on_close(self, prof) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=max(1.0, 3 * self.interval_s))
+            self._thread.join(timeout=max(1.0, 3 * self._period_s()))
         if self._thread is None or not self._thread.is_alive():
             self._rss.close()
 
+    def _period_s(self) -> float:
+        periods = [self.interval_s if self.samples_system else None, self.stacks.interval_s if self.stacks else None]
+        return min(period for period in periods if period) if any(periods) else DEVICE_INTERVAL_S
+
     def _run(self) -> None:
-        wait_s = min(self.interval_s, DEVICE_INTERVAL_S)  # the first row soon, also in a short run
-        while not self._stop.wait(wait_s):
-            wait_s = self.interval_s
-            try:
-                self._prof.writer.write("system", [self.sample()])
-            except Exception as error:  # noqa: BLE001 - the sampler must never take the process down
-                logger.warning("gpuprof: system sampler stopped: %r", error)
-                self._prof.event(EventKind.COLLECTOR_DISABLED, f"system sampler stopped: {error!r}", severity="warning",
-                                 collector=self.name, hook="sample", error=repr(error))
+        now = time.monotonic()
+        # the first system row soon, also in a short run
+        next_system = now + min(self.interval_s, DEVICE_INTERVAL_S) if self.samples_system else float("inf")
+        next_stack = now + self.stacks.interval_s if self.stacks is not None else float("inf")
+        while not self._stop.wait(max(0.0, min(next_system, next_stack) - time.monotonic())):
+            now = time.monotonic()
+            if now >= next_stack:
+                next_stack = now + self.stacks.interval_s
+                if not self._take("stack", self.stacks.sample):
+                    self.stacks, next_stack = None, float("inf")
+            if now >= next_system:
+                next_system = now + self.interval_s
+                if not self._take("system", lambda: self._prof.writer.write("system", [self.sample()])):
+                    next_system = float("inf")
+            if next_system == next_stack == float("inf"):
                 return
+
+    def _take(self, kind: str, take) -> bool:
+        """Runs one `kind` ("system" or "stack") of sampling; its first failure stops that kind (logged, an event),
+        never the process."""
+        try:
+            take()
+        except Exception as error:  # noqa: BLE001 - the sampler must never take the process down
+            logger.warning("gpuprof: %s sampler stopped: %r", kind, error)
+            collector = self.name if kind == "system" else self.stacks.name
+            self._prof.event(EventKind.COLLECTOR_DISABLED, f"{kind} sampler stopped: {error!r}", severity="warning",
+                             collector=collector, hook="sample", error=repr(error))
+            return False
+        return True
 
     def sample(self) -> dict:
         memory = psutil.virtual_memory()

@@ -60,12 +60,34 @@ def summary_lines(summary) -> list[str]:
         f"   device total {figure(summary.device_mem_total_bytes, 'bytes')}"
         f"   peak process RSS {figure(summary.peak_rss_bytes, 'bytes')}"
         f"   GPU utilization {figure(summary.gpu_util_mean_pct, '%')}{gpu_note}",
-        f"  phases      {phases}",
+        f"  phases      {phases}  (of the training step)",
+        *_evaluation_lines(summary.evaluation),
         f"  health      loss {figure(health['loss_first'])} -> {figure(health['loss_last'])}"
         f"   non-finite loss/grad steps {figure(health['nonfinite_loss_steps'])}/{health['nonfinite_grad_steps']}"
         f"   skipped steps {health['skipped_steps']}   grad norm p50 {figure(health['grad_norm_p50'])}"
         f" max {figure(health['grad_norm_max'])}",
     ] + _missing_lines(summary.missing_ranks)
+
+
+def _evaluation_lines(evaluation: dict) -> list[str]:
+    if not evaluation:
+        return []
+    return [f"  evaluation  {evaluation['steps_with_eval']} step(s) evaluated, about every "
+            f"{figure(evaluation['every_steps'])} steps, {figure(evaluation['mean_s'], 's')} each, "
+            f"{figure(evaluation['share_pct'], '%')} of the run's time (not in the phases above)"]
+
+
+def hotspot_lines(hotspots) -> list[str]:
+    """The user's functions holding the time outside the model, per phase (from the stack samples)."""
+    from gpuprof.analysis.run.hotspots import OUTSIDE_MODEL, top_sites
+
+    lines = []
+    for phase in OUTSIDE_MODEL:
+        rows = top_sites(hotspots, phase)
+        named = ", ".join(f"{figure(share, '%')} in {label}" for share, label in zip(rows["share_pct"], rows["label"]))
+        if named:
+            lines.append(f"  {phase + ' in':<11} {named}")
+    return lines
 
 
 def _missing_lines(missing: list[int]) -> list[str]:

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gpuprof.analysis.run.summary import PHASES
+from gpuprof.analysis.run.summary import EVAL_PHASE, PHASES
 from gpuprof.dashboard.downsample import MAX_POINTS, bucket_mean, lttb
 from gpuprof.report.format import GIB
 
@@ -75,9 +75,12 @@ def throughput_panel(steps: pd.DataFrame) -> Panel:
 
 
 def phases_panel(steps: pd.DataFrame) -> Panel:
-    columns = [f"{phase}_time_s" for phase in PHASES if _has(steps, f"{phase}_time_s")]
+    columns = [f"{phase}_time_s" for phase in (*PHASES, EVAL_PHASE) if _has(steps, f"{phase}_time_s")]
     if not columns:
         return Panel("Step time by phase", None, "No step times recorded.")
+    evaluation = f"{EVAL_PHASE}_time_s"
+    if evaluation in columns:  # a step without evaluation spent none in it
+        steps = steps.assign(**{evaluation: steps[evaluation].fillna(0.0)})
     averaged = bucket_mean(steps, "step", columns)
     figure = go.Figure()
     for column in columns:

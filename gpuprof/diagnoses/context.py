@@ -8,11 +8,14 @@ from functools import cached_property
 
 import pandas as pd
 
+from gpuprof.analysis.run.hotspots import COLUMNS as HOTSPOT_COLUMNS
+from gpuprof.analysis.run.hotspots import hotspots, site_label, top_sites
 from gpuprof.analysis.run.ranks import hangs, rank_outcomes
 from gpuprof.analysis.run.summary import (
     RunSummary, first_row, measured_samples, measured_steps, primary_device, summarize, trace_summary,
 )
 from gpuprof.run import query as q
+from gpuprof.run import schema
 from gpuprof.errors import GpuprofError
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,30 @@ class Context:
         """The first of `keys` present in the run's config (workloads name their knobs differently).
         Evidence only: a user's loop has no such config, so no rule may fire on it alone."""
         return next((self.config[key] for key in keys if key in self.config), None)
+
+    @property
+    def recorded_by_workload(self) -> bool:
+        """A run of `gpuprof train` (the reference workload), whose knobs are command-line flags."""
+        return self.config.get("recorded_by") == schema.WORKLOAD_COMMAND
+
+    def workload_flags(self, flags: str) -> str:
+        """" (gpuprof train: FLAGS)" for a run of the workload, else nothing: a user's loop has no such flags."""
+        return f" ({schema.WORKLOAD_COMMAND}: {flags})" if self.recorded_by_workload else ""
+
+    @property
+    def hotspots(self) -> pd.DataFrame:
+        """Each phase's share split among the user's functions (gpuprof.analysis.run.hotspots): a run's stack
+        samples; none in a bare trace."""
+        return pd.DataFrame(columns=HOTSPOT_COLUMNS)
+
+    def top_site(self, phase: str) -> str | None:
+        """The user function holding most of `phase`'s samples, as `get_batch (train.py:116)`; else the user
+        function gpuprof timed for that phase (meta.json's `phase_sources`); None when neither is known."""
+        rows = top_sites(self.hotspots, phase, limit=1)
+        if not rows.empty:
+            return rows["label"].iloc[0]
+        sources = [source for source in self.meta.get("phase_sources") or [] if source.get("role") == phase]
+        return site_label(sources[0]["function"], sources[0]["file"], sources[0]["line"]) if sources else None
 
     @property
     def device_trace(self):
@@ -204,6 +231,10 @@ class RunContext(Context):
     def first_rank_layers(self) -> pd.DataFrame:
         """Per-layer gradient norms of the lowest rank."""
         return self.run.query.rank_frame("layers", self.first_rank if self.first_rank is not None else 0)
+
+    @cached_property
+    def hotspots(self) -> pd.DataFrame:
+        return hotspots(self.run, self.summary)
 
     def events_of(self, *kinds: str) -> pd.DataFrame:
         events = self.run.events

@@ -6,7 +6,8 @@
 One optimizer step is one gpuprof step, so under `accumulate_grad_batches=N` a row covers N
 batches. Phases, from Lightning's own hooks: `data` (from the end of one batch to the start of
 the next, which is where Lightning fetches it and moves it to the device; validation runs are
-left out), `forward` (`on_train_batch_start` to `on_before_backward`: the training step),
+left out), `eval` (`on_validation_start` to `on_validation_end`: a validation run inside the fit,
+in the step that follows it), `forward` (`on_train_batch_start` to `on_before_backward`: the training step),
 `backward` (to `on_after_backward`), `optimizer` (`on_before_optimizer_step` to the end of the
 torch optimizer's step, so Lightning's gradient clipping counts here). Gradient norms are taken
 at the end of each backward pass, before Lightning unscales or clips. The loss is what Lightning
@@ -124,8 +125,13 @@ class GpuprofCallback(pl.Callback):
             self.prof.step(tokens=self._sums.tokens or None, batch=self._sums.batches)
         self.prof.begin_phase("data")
 
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self.prof is not None and not trainer.sanity_checking:
+            self.prof.begin_phase("eval")
+
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.prof is not None:
+            self.prof.end_phase("eval")
             self.prof.begin_phase("data")  # begin on an open phase restarts it: validation is not data
 
     def on_train_end(self, trainer, pl_module) -> None:

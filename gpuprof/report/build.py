@@ -69,6 +69,8 @@ class Report:
     # events of the steps leading to the first of them.
     blames: pd.DataFrame
     blame_chain: pd.DataFrame
+    # Each phase's share split among the user's functions, from the stack samples (gpuprof.analysis.run.hotspots).
+    hotspots: pd.DataFrame = field(default_factory=pd.DataFrame)
     # Rules that failed ("rule X failed: ..."), then what the reader had to skip (a torn last line, a
     # damaged rank file), for people.
     notes: tuple[str, ...] = ()
@@ -94,7 +96,8 @@ class Report:
         return {"summary": self.summary.to_dict(), "verdict": self.verdict.to_dict(),
                 "findings": [finding.to_dict() for finding in self.findings],
                 "ranks": json_safe(self.rank_outcomes.to_dict(orient="records")),
-                "hangs": json_safe(self.hangs.to_dict(orient="records"))}
+                "hangs": json_safe(self.hangs.to_dict(orient="records")),
+                "hotspots": json_safe(self.hotspots.to_dict(orient="records"))}
 
 
 def build_report(run_dir) -> Report:
@@ -116,11 +119,12 @@ def _report(path: str, signature: tuple) -> Report:
     read_notes = [str(w.message) for w in caught if "gpuprof" in str(w.message)]
     notes = tuple(dict.fromkeys([*failed_rules, *read_notes]))
     blames = events[events["kind"] == EventKind.NONFINITE]
-    verdict = with_failed_rules(decide(context.summary, findings, *traced_steps(windows), run.meta), failed_rules)
+    verdict = with_failed_rules(decide(context.summary, findings, *traced_steps(windows), run.meta, context.hotspots),
+                                failed_rules)
     return Report(
         run=run, signature=signature, summary=context.summary, verdict=verdict, findings=findings,
         trace_windows=windows, blames=blames, blame_chain=blame_chain(events, blames), notes=notes,
-        rank_outcomes=context.rank_outcomes, hangs=context.hangs,
+        rank_outcomes=context.rank_outcomes, hangs=context.hangs, hotspots=context.hotspots,
     )
 
 

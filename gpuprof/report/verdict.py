@@ -6,6 +6,9 @@ Each share of step time comes from the signal that measures it:
 - compute, host/launch, memory copies: a device trace on a GPU (NVML utilization for one GPU
   without a trace); the forward/backward/optimizer and `other` phases on a CPU, else a CPU trace
   (its host ops are the compute): a bare trace's verdict reads every share from the trace.
+Evaluation inside the loop is no share of the training step: it is said apart, with how long and
+how often. Where the stack sampler ran, an input or host share names the user's functions that
+hold it (gpuprof.analysis.run.hotspots).
 A run that stopped (a hang, ranks that failed or died: the `failure` rules) says so before anything
 else; then critical numerics or memory trouble bounds the run whatever the timings say. A bound other than
 compute is named when its share reaches `BOUND_MIN_SHARE_PCT`; otherwise the step is bound by
@@ -25,7 +28,8 @@ from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.rules.attention import eager_attention
 from gpuprof.diagnoses.rules.optimizer import unfused_optimizers
 from gpuprof.diagnoses.rules.precision import FP32_NAMES, recorded_dtype
-from gpuprof.report.format import fmt_share
+from gpuprof.analysis.run.hotspots import top_sites
+from gpuprof.report.format import fmt, fmt_ms, fmt_share
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
 BOUND_MIN_SHARE_PCT = 15.0
@@ -39,6 +43,8 @@ TRACE_COLUMNS = {
     "compute": ("kernel_us",),
 }
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
+# The phase whose time a bound measured from the phase timings is: its user functions are named.
+BOUND_PHASES = {"input": "data", "host": "other"}
 WHAT = {
     "input": "waiting for the next batch",
     "host": "host work and kernel launches, the device waiting",
@@ -92,6 +98,7 @@ class Verdict:
     why: str
     next_step: str
     missing: str | None = None
+    evaluation: dict | None = None  # the summary's evaluation figures, when the loop evaluates (said in `why`)
 
     @property
     def headline(self) -> str:
@@ -106,10 +113,25 @@ class Verdict:
         return json_safe({**asdict(self), "headline": self.headline})
 
 
-def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool, meta: dict | None = None) -> Verdict:
+def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool, meta: dict | None = None,
+           sites: pd.DataFrame | None = None) -> Verdict:
     """The verdict from the run's summary, its ranked findings and its traces' step breakdown; `meta`,
     the run's, says what the loop already runs with (its `loop` facts), so that the next step is not one
-    the loop took."""
+    the loop took; `sites`, the run's hotspots, which of the user's functions hold a share."""
+    verdict = bound_verdict(summary, findings, trace_steps, device_trace, meta, sites)
+    if not summary.evaluation:
+        return verdict
+    return replace(verdict, why=f"{verdict.why} {evaluation_text(summary.evaluation)}", evaluation=summary.evaluation)
+
+
+def evaluation_text(figures: dict) -> str:
+    return (f"Evaluation inside the loop is left out of the step's bound: {fmt(figures['steps_with_eval'], '{:d}')} "
+            f"time(s), about every {fmt(figures['every_steps'], '{:.0f}')} steps, {fmt_ms(figures['mean_s'])} each "
+            f"({fmt_share(figures['share_pct'])} of the run's time).")
+
+
+def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool, meta: dict | None,
+                  sites: pd.DataFrame | None) -> Verdict:
     stopped = next((f for f in findings if f.category == "failure" and f.severity == "critical"), None)
     if stopped is not None:
         return Verdict("failure", None, f"{stopped.title}.", next_step("failure", findings))
@@ -124,11 +146,11 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     others = {bound: share for bound, share in shares.items() if bound != "compute" and share >= BOUND_MIN_SHARE_PCT}
     if others:
         bound = max(others, key=others.get)
-        return measured(bound, shares[bound], sources[bound], findings, meta)
+        return measured(bound, shares[bound], sources[bound], findings, meta, sites)
     signal = missing_signal(summary, shares)
     if signal is not None:
         return unmeasured(signal, summary, shares)
-    return measured("compute", shares["compute"], sources["compute"], findings, meta)
+    return measured("compute", shares["compute"], sources["compute"], findings, meta, sites)
 
 
 def unreadable_steps(ranks: list[int]) -> Verdict:
@@ -223,9 +245,20 @@ def missing_signal(summary, shares: dict) -> str | None:
     return None
 
 
-def measured(bound: str, share_pct: float, source: str, findings: list, meta: dict | None) -> Verdict:
-    why = f"{WHAT[bound].capitalize()}: {fmt_share(share_pct)} of step time ({source})."
+def measured(bound: str, share_pct: float, source: str, findings: list, meta: dict | None,
+             sites: pd.DataFrame | None = None) -> Verdict:
+    why = f"{WHAT[bound].capitalize()}: {fmt_share(share_pct)} of step time ({source})"
+    where = sites_text(sites, BOUND_PHASES[bound]) if sites is not None and bound in BOUND_PHASES \
+        and source == "phase timings" else ""
+    why += f"; {where}." if where else "."
     return Verdict(bound, share_pct, why, next_step(bound, findings, meta))
+
+
+def sites_text(sites: pd.DataFrame, phase: str) -> str:
+    """"84 % of the step in get_batch (train.py:116)" for the top user functions of `phase`."""
+    rows = top_sites(sites, phase)
+    named = [f"{fmt_share(share)} in {label}" for share, label in zip(rows["share_pct"], rows["label"])]
+    return f"{', '.join(named)} of the step" if named else ""
 
 
 def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
@@ -251,20 +284,22 @@ def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
     model, optimizer = loop.get("model"), loop.get("optimizer") or {}
     if bound not in ("compute", "host") or not isinstance(model, dict):
         return None
-    compiled, unfused_optimizer = bool(model.get("compiled")), bool(unfused_optimizers(optimizer))
+    compiled, unfused = bool(model.get("compiled")), unfused_optimizers(optimizer)
+    fused = f"a fused optimizer (torch.optim.{unfused[0].get('class') or 'AdamW'}(..., fused=True))" if unfused else ""
     if bound == "host":
         wanted = {
-            "torch.compile or CUDA graphs for many small kernels": not compiled,
-            "CUDA graphs (torch.compile(mode='reduce-overhead'))": compiled,
+            "torch.compile(model) or CUDA graphs for many small kernels": not compiled,
+            "CUDA graphs (torch.compile(model, mode='reduce-overhead'))": compiled,
             "no .item()/print of device values inside the step": True,
-            "a fused optimizer": unfused_optimizer,
+            fused: bool(unfused),
         }
     else:
         wanted = {
-            "bf16 autocast": primary_device(meta).get("kind") == "cuda" and recorded_dtype(meta) in FP32_NAMES,
-            "fused attention (sdpa)": eager_attention(model),
-            "a fused optimizer": unfused_optimizer,
-            "torch.compile": not compiled,
+            "bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))":
+                primary_device(meta).get("kind") == "cuda" and recorded_dtype(meta) in FP32_NAMES,
+            "fused attention (torch.nn.functional.scaled_dot_product_attention)": eager_attention(model),
+            fused: bool(unfused),
+            "torch.compile(model)": not compiled,
         }
     return [lever for lever, missing_here in wanted.items() if missing_here]
 

@@ -216,6 +216,11 @@ class Run:
     def layers(self) -> pd.DataFrame:
         return self._stream("layers")
 
+    @cached_property
+    def stacks(self) -> pd.DataFrame:
+        """The stack sampler's rows: where in the user's code each sample of the training thread landed."""
+        return self._stream("stacks")
+
     def _stream(self, stream: str) -> pd.DataFrame:
         frames = []
         for rank in self.ranks:

@@ -19,12 +19,14 @@ TRACES_DIR = "traces"
 # can tell its host reads of the loss and flags from the loop's own.
 OWN_WORK_RANGE = "gpuprof.bookkeeping"
 SNAPSHOTS_DIR = "snapshots"
+# meta.json's config["recorded_by"] for a run of the reference workload (its knobs are this command's flags).
+WORKLOAD_COMMAND = "gpuprof train"
 NUMERICS_DIR = "numerics"
 
 STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": (
         "step", "rank", "time_unix_s", "step_time_s", "data_time_s", "forward_time_s",
-        "backward_time_s", "optimizer_time_s", "other_time_s", "capture_time_s", "micro_batches", "loss", "tokens",
+        "backward_time_s", "optimizer_time_s", "eval_time_s", "other_time_s", "capture_time_s", "micro_batches", "loss", "tokens",
         "tokens_per_s", "flops_per_s", "mfu", "grad_norm", "grad_norm_finite", "loss_finite",
         "scaler_scale", "scaler_growth_tracker", "step_skipped", "lr", "mem_allocated_bytes",
         "mem_reserved_bytes", "mem_peak_allocated_bytes", "mem_alloc_retries", "mem_ooms",
@@ -38,6 +40,8 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
         "host_mem_total_bytes",
     ),
     "events": ("time_unix_s", "rank", "step", "kind", "severity", "message", "details"),
+    "stacks": ("time_unix_s", "rank", "step", "phase", "function", "file", "line", "running_line", "inner_function",
+               "inner_file", "inner_line", "loop_file", "loop_line"),
     "layers": ("step", "rank", "layer", "level", "grad_norm", "update_ratio"),
     # the hang watchdog's beat, every few seconds (gpuprof.capture.watchdog)
     "heartbeats": ("time_unix_s", "rank", "step", "phase", "stalled_s", "collectives", "collective_kind",
@@ -54,6 +58,7 @@ SORT_KEYS = {
     "steps": ["step", "rank"],
     "system": ["time_unix_s", "rank"],
     "events": ["time_unix_s", "rank"],
+    "stacks": ["time_unix_s", "rank"],
     "layers": ["step", "rank", "layer"],
     "heartbeats": ["time_unix_s", "rank"],
 }

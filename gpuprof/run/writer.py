@@ -2,7 +2,7 @@
 
 Each record stream is a JSON lines file. Events are encoded and handed to the OS (`write` +
 `flush`) the moment they are written; the streams written every step or sample (steps, layers,
-system) are kept in memory and handed over at most BUFFER_S seconds apart, in one `write`, so
+system, stacks) are kept in memory and handed over at most BUFFER_S seconds apart, in one `write`, so
 that a fast loop does not pay an encode and a system call per step. Whatever the OS holds
 survives a SIGKILL of the process: such a kill loses at most the last BUFFER_S seconds of those
 streams. A background thread hands them over BUFFER_S after they were written even when the
@@ -27,7 +27,7 @@ from gpuprof.run import schema
 logger = logging.getLogger("gpuprof")
 
 BUFFER_S = 1.0  # the longest that step, layer and system records stay in memory before the OS has them
-BUFFERED_STREAMS = ("steps", "layers", "system", "heartbeats")
+BUFFERED_STREAMS = ("steps", "layers", "system", "heartbeats", "stacks")
 
 
 def _json_default(value: Any):

@@ -17,10 +17,12 @@ from capture_loop import BATCH, SEQ, VOCAB, batch, tiny_model
 from numerics.numerics_helpers import events
 
 import gpuprof
+from gpuprof.capture import phases
+from gpuprof.capture.producers import Span
 from gpuprof.capture.profiler import _timing
 from gpuprof.capture.timing import HostClock, PhaseTimes
 
-PHASES = ["data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s"]
+PHASES = ["data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s", "eval_time_s"]
 SLEEP_S = 0.03
 
 
@@ -128,26 +130,117 @@ def test_explicit_phases_win_per_step_and_name(tmp_path):
     assert_parts_add_up(steps)
 
 
+def evaluate(model, seconds: float) -> None:
+    """An evaluation function of the loop's own, as nanoGPT's estimate_loss()."""
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=batch(100))
+        time.sleep(seconds)
+    model.train()
+
+
 def test_evaluation_is_neither_data_nor_forward(tmp_path):
-    """An evaluation at the top of the step ends the data span; its time and its model calls are other."""
+    """An evaluation at the top of the step ends the data span; it is eval: from its first model call to its
+    last one, and once the function evaluating is known (at the first training call), the whole call."""
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     evaluation_s = 0.2
     with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
-        for step in range(2):
-            model.eval()
-            with torch.no_grad():
-                model(input_ids=batch(100))
-                time.sleep(evaluation_s)
-            model.train()
+        for step in range(3):
+            evaluate(model, evaluation_s)
             inputs = batch(step)
             model(input_ids=inputs, labels=inputs).loss.backward()
             optimizer.step()
             prof.step()
-    steps = gpuprof.load_run(tmp_path / "run").steps
-    assert (steps["data_time_s"] < evaluation_s).all() and (steps["other_time_s"] >= evaluation_s).all()
-    assert steps["micro_batches"].tolist() == [1, 1]
+    run = gpuprof.load_run(tmp_path / "run")
+    steps = run.steps
+    assert (steps["data_time_s"] < evaluation_s).all() and (steps["eval_time_s"] > 0).all()
+    assert (steps["eval_time_s"][1:] >= evaluation_s).all() and (steps["other_time_s"][1:] < evaluation_s).all()
+    assert steps["micro_batches"].tolist() == [1, 1, 1]
+    assert {"role": "eval", "function": "evaluate"}.items() <= run.meta["phase_sources"][-1].items()
     assert_parts_add_up(steps)
+
+
+def test_an_evaluation_the_loop_runs_itself_is_eval_from_its_first_model_call_to_its_last(tmp_path):
+    """The Accelerate example's shape: the loop calls the model in evaluation itself, over a DataLoader; that
+    loader's batches between the evaluation calls are evaluation, not data."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    eval_batches = 8
+    eval_loader = torch.utils.data.DataLoader(SlowDataset(eval_batches * BATCH, SLEEP_S / BATCH), batch_size=BATCH)
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        for step in range(3):
+            inputs = batch(step)
+            model(input_ids=inputs, labels=inputs).loss.backward()
+            optimizer.step()
+            prof.step()
+            model.eval()
+            for eval_inputs in eval_loader:
+                with torch.no_grad():
+                    model(input_ids=eval_inputs)
+            model.train()
+    steps = gpuprof.load_run(tmp_path / "run").steps
+    # the first evaluation batch is fetched before the first evaluation call: data; the 7 after it: eval
+    assert (steps["eval_time_s"][1:] >= (eval_batches - 1) * SLEEP_S).all()
+    assert (steps["data_time_s"][1:] < steps["eval_time_s"][1:] / 2).all()
+    assert_parts_add_up(steps)
+
+
+def get_batch(step: int, delay_s: float) -> torch.Tensor:
+    time.sleep(delay_s)
+    return batch(step)
+
+
+def test_a_batch_fetched_between_forward_and_backward_is_data(tmp_path):
+    """nanoGPT's order: the next batch is fetched after the model call, before backward(); a DataLoader
+    iterated after the optimizer is data too."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = iter(torch.utils.data.DataLoader(SlowDataset(8 * BATCH, SLEEP_S / BATCH), batch_size=BATCH))
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0) as prof:
+        inputs = get_batch(0, SLEEP_S)
+        for step in range(3):
+            logits = model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), inputs[:, 1:].reshape(-1))
+            inputs = get_batch(step + 1, 2 * SLEEP_S)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            next(loader)
+            prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    steps = run.steps
+    assert (steps["data_time_s"] >= 3 * SLEEP_S).all()
+    assert [source["function"] for source in run.meta["phase_sources"]] == ["get_batch"]
+    assert_parts_add_up(steps)
+
+
+class ManualClock(HostClock):
+    """The host clock at times the test sets: the phase hooks' arithmetic on known stamps."""
+
+    now_s = 0.0
+
+    def stamp(self) -> float:
+        return self.now_s
+
+
+def test_a_batch_fetched_between_forward_and_backward_is_taken_out_of_the_forward(monkeypatch):
+    clock = ManualClock()
+    monkeypatch.setattr(phases.time, "perf_counter", lambda: clock.now_s)
+    model = tiny_model()
+    hooks = phases.PhaseHooks(model, None, clock)
+    hooks._data = Span(hooks._data_begins, hooks._data_ends)
+    hooks._eval = Span(hooks._eval_begins, hooks._eval_ends)
+    hooks.on_step_start(None, 0)
+    for now_s, event in [(1.0, lambda: hooks._forward_begins(model, (), {})),
+                         (2.0, lambda: hooks._forward_ends(model, (), torch.zeros(1))),
+                         (2.5, hooks._data.__enter__), (4.0, hooks._data.__exit__),
+                         (4.5, lambda: hooks._backward_begins(None)), (5.0, lambda: hooks.on_after_backward(None, 0))]:
+        clock.now_s = now_s
+        event()
+    clock.now_s = 6.0
+    totals = hooks.finish_step().totals_s()
+    assert totals == {"forward": 1.5 + 0.5, "data": 1.5, "backward": 0.5}
 
 
 def test_merge_arithmetic_on_synthetic_stamps():
@@ -162,7 +255,7 @@ def test_merge_arithmetic_on_synthetic_stamps():
     explicit.add("forward", 0.5, 1.0)
     columns = _timing(clock, 0.0, 6.0, explicit, automatic)()
     assert columns == {"step_time_s": 6.0, "data_time_s": 0.5, "forward_time_s": 0.5, "backward_time_s": 2.0,
-                       "optimizer_time_s": 0.5, "other_time_s": 2.5}
+                       "optimizer_time_s": 0.5, "eval_time_s": None, "other_time_s": 2.5}
     columns = _timing(clock, 0.0, 6.0, PhaseTimes(clock), automatic)()
     assert columns["forward_time_s"] == 2.0 and columns["other_time_s"] == 1.0
 

@@ -84,7 +84,7 @@ def test_clean_close_compacts_to_parquet_with_the_same_values(tmp_path):
     train(tmp_path / "run", steps=3, layer_interval=1)
     rank_dir = tmp_path / "run" / "rank-0"
     assert sorted(p.name for p in rank_dir.iterdir()) == [
-        "events.parquet", "layers.parquet", "meta.json", "steps.parquet", "system.parquet"]
+        "events.parquet", "layers.parquet", "meta.json", "stacks.parquet", "steps.parquet", "system.parquet"]
     run = gpuprof.load_run(tmp_path / "run")
     assert run.steps["step"].tolist() == [0, 1, 2]
     assert isinstance(run.events["details"].iloc[0], dict)

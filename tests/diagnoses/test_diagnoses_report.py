@@ -174,7 +174,7 @@ def test_the_next_step_leaves_out_what_the_loop_already_does(write_cpu_run):
     """A compute-bound CPU loop with sdpa and a fused AdamW is told to compile, not to take what it has;
     compiled as well, it is told its usual levers are in place; without loop facts, the usual moves."""
     next_step = verdict_of(write_cpu_run(meta={"loop": SDPA_FUSED_LOOP})).next_step
-    assert next_step.startswith("Make the compute cheaper: torch.compile;")
+    assert next_step.startswith("Make the compute cheaper: torch.compile(model);")
     assert not any(taken in next_step for taken in ("sdpa", "fused optimizer", "bf16"))
     compiled = {**SDPA_FUSED_LOOP, "model": {**SDPA_FUSED_LOOP["model"], "compiled": True}}
     assert verdict_of(write_cpu_run(meta={"loop": compiled})).next_step.startswith("The usual levers are in place")
@@ -183,10 +183,11 @@ def test_the_next_step_leaves_out_what_the_loop_already_does(write_cpu_run):
 
 def test_host_levers_and_measuring_findings(gpu_device):
     fp32_gpu = {"devices": [gpu_device], "compute_dtype": "fp32", "loop": SDPA_FUSED_LOOP}
-    assert verdict.loop_levers("compute", fp32_gpu) == ["bf16 autocast", "torch.compile"]
+    assert verdict.loop_levers("compute", fp32_gpu) == ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
+                                                         "torch.compile(model)"]
     compiled = {**fp32_gpu, "loop": {**SDPA_FUSED_LOOP, "model": {"compiled": True}}}
     host = verdict.loop_levers("host", compiled)
-    assert any("reduce-overhead" in lever for lever in host) and not any("torch.compile or" in lever for lever in host)
+    assert any("reduce-overhead" in lever for lever in host) and not any("torch.compile(model) or" in lever for lever in host)
     warmup = Finding(rule="warmup-pollution", severity="info", title="", fix="Leave the first step out",
                      category="host")
     assert verdict.next_step("host", [warmup], compiled).startswith("Cut host work per step: CUDA graphs")

@@ -12,6 +12,7 @@ from tiny_gpt2 import BATCH, SEQ, RandomTokens, assert_phases_cover_the_steps
 import gpuprof
 from gpuprof.diagnoses import diagnose
 from gpuprof.integrations.lightning import GpuprofCallback
+from gpuprof.report import build_report
 
 
 def fit(tmp_path, *, steps=4, accumulation=2, delay_s=0.0, val_delay_s=None, **trainer_options):
@@ -67,11 +68,15 @@ def test_a_slow_loader_is_found_dataloader_bound(tmp_path):
     assert finding.evidence["num_workers"] == 0
 
 
-def test_validation_between_steps_is_not_data_time(tmp_path):
+def test_validation_between_steps_is_eval_not_data_nor_host(tmp_path):
     _, _, run = fit(tmp_path, steps=3, accumulation=1, val_delay_s=0.1)
     steps = run.steps
     assert (steps["data_time_s"] < 0.5 * BATCH * 0.1).all()  # a validation (0.4 s of loading) ran before each
-    assert (steps["other_time_s"] > BATCH * 0.1).iloc[1:].all()
+    assert (steps["eval_time_s"] > BATCH * 0.1).iloc[1:].all()
+    assert (steps["other_time_s"] < steps["eval_time_s"]).iloc[1:].all()
+    report = build_report(run.path)
+    assert report.summary.evaluation["steps_with_eval"] >= 1 and report.verdict.bound != "host"
+    assert "Evaluation inside the loop is left out of the step's bound" in report.verdict.why
 
 
 def test_a_failing_fit_leaves_a_failed_run(tmp_path):

@@ -16,6 +16,8 @@ from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.run import query as q
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+# Evaluation inside the loop: reported apart, and left out of the training step's phase split.
+EVAL_PHASE = "eval"
 # Phases outside the one that holds DDP's gradient all-reduce (backward): a rank's own work.
 OWN_WORK_PHASES = ("data", "forward", "optimizer", "other")
 
@@ -60,6 +62,8 @@ class RunSummary:
     device_mem_total_bytes: float | None
     gpu_util_mean_pct: float | None
     phase_split_pct: dict = field(default_factory=dict)
+    # Evaluation inside the loop over the measured steps (`evaluation_figures`); empty when the loop has none.
+    evaluation: dict = field(default_factory=dict)
     health: dict = field(default_factory=dict)
     per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)
     # Run-level time of every recorded step, warm-up included (see `step_times`); not in to_dict.
@@ -194,7 +198,9 @@ MEASURED_FIGURES = {
     "mfu": q.weighted_mean("mfu", "step_time_s"),
     "flops_per_s": q.weighted_mean("flops_per_s", "step_time_s"),
     "step_time_total_s": q.total("step_time_s"),
-    **{f"{phase}_total_s": q.total(f"{phase}_time_s") for phase in PHASES},
+    **{f"{phase}_total_s": q.total(f"{phase}_time_s") for phase in (*PHASES, EVAL_PHASE)},
+    "eval_rows": q.count(f"{EVAL_PHASE}_time_s"),
+    "rows": q.count(),
 }
 
 WHOLE_RUN_FIGURES = {
@@ -223,13 +229,26 @@ def throughput_tokens_per_s(tokens: float | None, total_time_s: float) -> float 
 
 
 def phase_split_pct(figures: dict) -> dict:
-    """Share of summed step time spent in each phase; None for phases the run did not time."""
+    """Share of the summed training step time (step time less evaluation) spent in each phase; None for
+    phases the run did not time."""
     total_s = figures["step_time_total_s"]
+    if total_s:
+        total_s -= figures["eval_total_s"] or 0.0
     return {
         phase: 100 * figures[f"{phase}_total_s"] / total_s
         if total_s and figures[f"{phase}_total_s"] is not None else None
         for phase in PHASES
     }
+
+
+def evaluation_figures(figures: dict) -> dict:
+    """How often the loop evaluated (one step in `every_steps`), how long each took and its share of the
+    run's time (training and evaluation); empty when no step evaluated."""
+    evaluations, total_s, run_s = figures["eval_rows"], figures["eval_total_s"], figures["step_time_total_s"]
+    if not evaluations or not total_s:
+        return {}
+    return {"steps_with_eval": int(evaluations), "every_steps": figures["rows"] / evaluations,
+            "mean_s": total_s / evaluations, "total_s": total_s, "share_pct": 100 * total_s / run_s if run_s else None}
 
 
 def health(figures: dict) -> dict:
@@ -329,6 +348,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         device_mem_total_bytes=device.get("total_memory_bytes") if device.get("kind") == "cuda" else None,
         gpu_util_mean_pct=_known(samples["gpu_util_mean_pct"]),
         phase_split_pct=phase_split_pct(measured) if len(times) else dict.fromkeys(PHASES),
+        evaluation=evaluation_figures(measured) if len(times) else {},
         health=health(whole),
         per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
         step_times=times,

@@ -38,7 +38,7 @@ def attention_not_fused(ctx):
         fix=(
             "Use torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
             "attn_implementation='sdpa'), which dispatches to FlashAttention or memory-efficient "
-            "kernels on CUDA in fp16/bf16 (gpuprof train: --attention sdpa)."
+            f"kernels on CUDA in fp16/bf16{ctx.workload_flags('--attention sdpa')}."
         ),
     )
 

@@ -1,8 +1,10 @@
-"""Steps that wait for the data loader.
+"""Steps that wait for the next batch.
 
-Read from the measured data phase (the time from one step's end to the next step's first
-forward), else from a trace's step breakdown (its DataLoader `__next__` spans, as the TensorBoard
-plugin read them), and, for the fix, the DataLoader capture saw (workers, pinning, prefetch).
+Read from the measured data phase (DataLoader iteration and the loop's own batch function,
+wherever in the step they run: gpuprof.capture.phases), else from a trace's step breakdown (its
+DataLoader `__next__` spans, as the TensorBoard plugin read them), and, for the fix, what the loop
+fetches with: the DataLoader capture saw (workers, pinning, prefetch), or, for a loop without one,
+the function where the time goes (the stack samples, else the batch function gpuprof timed).
 """
 
 from __future__ import annotations
@@ -21,17 +23,30 @@ LOADER_PREFETCH_FACTOR = 2
 PIN_MEMORY_FIX = " The loader does not pin memory: pin_memory=True lets each batch's copy to the GPU run asynchronously."
 
 
-def fix_for(num_workers) -> str:
+def fix_for(num_workers, flags: str = "") -> str:
     if not num_workers:
         return (
             "Prepare batches in background workers so they overlap compute: DataLoader(num_workers=4, "
-            "pin_memory=True, persistent_workers=True, prefetch_factor=2) (gpuprof train: --num-workers); "
+            f"pin_memory=True, persistent_workers=True, prefetch_factor=2){flags}; "
             "tokenize and augment offline, not per step."
         )
     return (
         f"The {num_workers} loader workers do not keep up: make each batch cheaper (tokenize offline, "
         "memory-map the data), raise prefetch_factor, and add workers only if CPU cores are free "
         "(workers compete with the training process for them)."
+    )
+
+
+def fix_without_loader(site: str | None, on_gpu: bool) -> str:
+    """For a loop that makes its own batches (nanoGPT's get_batch): the same overlap, in its terms."""
+    where = f"{site} takes the time: " if site else ""
+    device = (" Keep the batch in pinned memory (tensor.pin_memory()) and copy it with "
+              ".to(device, non_blocking=True) so the copy overlaps compute." if on_gpu else "")
+    return (
+        f"{where}prepare the next batches while the step computes: in a background thread filling a "
+        "queue.Queue a few batches ahead, or wrap the batch logic in a torch.utils.data.Dataset and iterate a "
+        "DataLoader(dataset, num_workers=..., pin_memory=True, persistent_workers=True); make each batch "
+        f"cheaper (memory-map the data, tokenize offline).{device}"
     )
 
 
@@ -62,6 +77,13 @@ def dataloader_bound(ctx):
         return None
     data_share_pct, source = measured
     workers = num_workers(ctx)
+    loader = ctx.loop("loader")
+    site = ctx.top_site("data")
+    if loader or workers is not None or ctx.bare_trace:  # a trace's data time is its DataLoader's
+        fix = fix_for(workers, ctx.workload_flags("--num-workers"))
+        fix += PIN_MEMORY_FIX if ctx.on_gpu and loader.get("pin_memory") is False else ""
+    else:
+        fix = fix_without_loader(site, ctx.on_gpu)
     return Finding(
         rule="dataloader-bound",
         severity="critical" if data_share_pct >= DATA_SHARE_CRITICAL_PCT else "warning",
@@ -71,10 +93,11 @@ def dataloader_bound(ctx):
             **source,
             "step_time_p50_s": ctx.summary.step_time_p50_s,
             "num_workers": workers,
-            "loader": ctx.loop("loader") or None,
+            "loader": loader or None,
+            "batch_function": site,
             "threshold_pct": DATA_SHARE_WARNING_PCT,
         },
-        fix=fix_for(workers) + (PIN_MEMORY_FIX if ctx.on_gpu and ctx.loop("loader").get("pin_memory") is False else ""),
+        fix=fix,
         # Workers can hide the whole wait when they keep up with compute.
         est_gain_pct=data_share_pct,
     )

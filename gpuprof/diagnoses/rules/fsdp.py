@@ -187,7 +187,7 @@ def reshard_after_forward(ctx):
             evidence={**evidence, "all_gather_exposed_pct": gather_pct,
                       "all_gathers_per_step": float(worst["all_gather_count"]),
                       "threshold_headroom_pct": RESHARD_HEADROOM_PCT},
-            fix=(f"fully_shard(..., reshard_after_forward=False) (gpuprof train --no-reshard-after-forward) keeps "
+            fix=(f"fully_shard(..., reshard_after_forward=False){ctx.workload_flags('--no-reshard-after-forward')} keeps "
                  f"each unit's parameters gathered until its backward: about {_gib(gathered)} more per rank, "
                  "and the backward all-gathers disappear; or reshard_after_forward=N to keep them gathered "
                  "within groups of N ranks."),

@@ -73,8 +73,8 @@ def exploding_gradients(ctx):
             "grad_clip": ctx.config_value("grad_clip", "max_grad_norm"),
         },
         fix=(
-            "Clip gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); gpuprof train: "
-            "--grad-clip 1.0), lower the peak LR or lengthen its warm-up, and check the batch at that step."
+            f"Clip gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0){ctx.workload_flags('--grad-clip 1.0')}; "
+            "lower the peak LR or lengthen its warm-up, and check the batch at that step."
         ),
     )
 

@@ -79,7 +79,7 @@ def pageable_memcpy(ctx):
         },
         fix=(
             "Pin host memory so copies are asynchronous DMA: DataLoader(pin_memory=True) and "
-            "tensor.to(device, non_blocking=True) (gpuprof train: --pin-memory); read results back "
+            f"tensor.to(device, non_blocking=True){ctx.workload_flags('--pin-memory')}; read results back "
             "into a pinned buffer."
         ),
     )

@@ -59,7 +59,7 @@ def unfused_optimizer(ctx):
         },
         fix=(
             f"torch.optim.{name}(params, ..., fused=True): one kernel for all parameters instead of "
-            "several per tensor (gpuprof train: --fused-adamw)."
+            f"several per tensor{ctx.workload_flags('--fused-adamw')}."
         ),
     )
 

@@ -67,8 +67,8 @@ def fp32_matmul(ctx):
         },
         fix=(
             "Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (fp16 with a "
-            "GradScaler before Ampere), or at least torch.backends.cuda.matmul.allow_tf32 = True "
-            "(gpuprof train: --precision bf16 --tf32)."
+            "GradScaler before Ampere), or at least torch.backends.cuda.matmul.allow_tf32 = True"
+            f"{ctx.workload_flags('--precision bf16 --tf32')}."
         ),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuprof.analysis.run.summary import percentile
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
@@ -17,19 +18,23 @@ def step_time_variance(ctx):
     summary = ctx.summary
     if summary.measured_steps < MIN_MEASURED_STEPS or summary.step_time_cv is None:
         return None
-    if summary.step_time_cv < STEP_TIME_CV_WARNING:
+    times = training_step_times(ctx)
+    mean_s = float(times.mean())
+    cv = float(times.std(ddof=0) / mean_s) if mean_s else None
+    if cv is None or cv < STEP_TIME_CV_WARNING:
         return None
-    times = summary.measured_step_times
-    slow = times[times >= summary.step_time_p90_s]
+    p50_s, p90_s, p99_s = (percentile(times, q) for q in (50, 90, 99))
+    slow = times[times >= p90_s]
     return Finding(
         rule="step-time-variance",
         severity="warning",
-        title=f"Step time is erratic: p99 {summary.step_time_p99_s:.3g}s vs p50 {summary.step_time_p50_s:.3g}s",
+        title=f"Step time is erratic: p99 {p99_s:.3g}s vs p50 {p50_s:.3g}s",
         evidence={
-            "step_time_cv": summary.step_time_cv,
-            "step_time_p50_s": summary.step_time_p50_s,
-            "step_time_p99_s": summary.step_time_p99_s,
+            "step_time_cv": cv,
+            "step_time_p50_s": p50_s,
+            "step_time_p99_s": p99_s,
             "slowest_steps": [int(step) for step in slow.index[:10]],
+            "evaluation_left_out": bool(summary.evaluation),
             "threshold_cv": STEP_TIME_CV_WARNING,
         },
         fix=(
@@ -38,8 +43,18 @@ def step_time_variance(ctx):
             "new shapes (pad to fixed lengths)."
         ),
         # Running every step at the median speed would save the excess of the mean over it.
-        est_gain_pct=max(0.0, 100 * (1 - summary.step_time_p50_s / summary.step_time_mean_s)),
+        est_gain_pct=max(0.0, 100 * (1 - p50_s / mean_s)),
     )
+
+
+def training_step_times(ctx):
+    """The measured steps' times less their evaluation (reported apart: periodic evaluation is not erratic
+    training)."""
+    times = ctx.summary.measured_step_times
+    if not ctx.summary.evaluation:
+        return times
+    evaluation = ctx.run.query.step_series("eval_time_s", "max").reindex(times.index).fillna(0.0)
+    return times - evaluation
 
 
 @rule("warmup-pollution", "host")

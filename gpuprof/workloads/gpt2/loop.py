@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gpuprof.run import schema
 from gpuprof.workloads.gpt2 import checkpoint, distributed
 from gpuprof.workloads.gpt2.config import TrainConfig
 from gpuprof.workloads.gpt2.console import Progress, peak_memory, summary_line
@@ -182,6 +183,7 @@ def run_config(session: Session) -> dict:
     """What the run records as its config: every knob plus what they resolved to."""
     return {
         **session.config.as_dict(),
+        "recorded_by": schema.WORKLOAD_COMMAND,
         "compute_dtype": str(session.compute_dtype).removeprefix("torch."),
         "world_size": session.placement.world_size,
         "device_type": session.placement.device.type,

@@ -1,0 +1,377 @@
+"""What the step does besides the model: the calls that fetch its batches, and the evaluations in the loop.
+
+Data time is defined by what the program does, wherever in the step it happens:
+- every `next()` of a torch DataLoader's iterator (`DataLoaderWatch`, one class-level wrapper);
+- every call of the user's own functions whose results become the model's inputs. At the first
+  training call of the model, the user frames on the stack are read: the variables holding the
+  model's input tensors (themselves, or a dict, tuple or list of them), and in the frame's source
+  (`ast`) the statements that assign those variables. A call there of a Python function of the
+  user's code (`X, Y = get_batch('train')`, `batch = loader.next_batch()`, `for X, Y in
+  batches():`) is wrapped where the loop looks it up (the module's global, the module attribute,
+  the method on its class): each call is then timed, a generator's per item. The wrappers are
+  removed when the run closes.
+An evaluation is the call of a user function, made from the loop, under which the model runs in
+evaluation (nanoGPT's `estimate_loss()`): found at the first such call and wrapped the same way.
+
+Everything here runs at most once per model call before it is found, then never again.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import itertools
+import linecache
+import threading
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import dataloader as _dataloader
+
+from gpuprof.capture.usercode import is_user_code, user_frames
+
+MAX_ITEMS = 64  # the most items of one dict, tuple or list looked through for the model's inputs
+ITERATION_WRAPPERS = ("enumerate", "iter", "zip", "tqdm", "islice")  # `for b in enumerate(f())` iterates f()
+
+
+@dataclass(frozen=True)
+class Found:
+    """A user function gpuprof times: what it is called in the user's code, and where it was defined."""
+
+    role: str  # "data" or "eval"
+    function: str
+    file: str
+    line: int
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "function": self.function, "file": self.file, "line": self.line}
+
+
+class Span:
+    """Begin/end callbacks of one kind of span, counting nesting so only the outermost call is timed,
+    and only on the training thread."""
+
+    def __init__(self, begin: Callable[[], None], end: Callable[[], None],
+                 produced: Callable[[Any], None] | None = None):
+        self._begin, self._end, self._produced = begin, end, produced
+        self._depth = 0
+        self.thread = threading.get_ident()
+
+    def produced(self, value: Any) -> None:
+        """What the outermost call returned (a batch), for the model call it may feed."""
+        if self._produced is not None and self._depth == 1 and threading.get_ident() == self.thread:
+            self._produced(value)
+
+    def __enter__(self):
+        if threading.get_ident() == self.thread:
+            self._depth += 1
+            if self._depth == 1:
+                self._begin()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if threading.get_ident() == self.thread:
+            self._depth -= 1
+            if self._depth == 0:
+                self._end()
+
+    @property
+    def open(self) -> bool:
+        return self._depth > 0
+
+
+# ---------------------------------------------------------------------------------------- DataLoader
+_listeners: list[Span] = []
+_original_next = None
+
+
+def watch_dataloaders(span: Span) -> None:
+    """Times every `next()` of any torch DataLoader iterator as `span` while it is watched."""
+    global _original_next
+    if _original_next is None:
+        original = _original_next = _dataloader._BaseDataLoaderIter.__next__
+
+        @functools.wraps(original)
+        def __next__(iterator):
+            spans = list(_listeners)
+            for span in spans:
+                span.__enter__()
+            try:
+                batch = original(iterator)
+                for span in spans:
+                    span.produced(batch)
+                return batch
+            finally:
+                for span in reversed(spans):
+                    span.__exit__()
+
+        _dataloader._BaseDataLoaderIter.__next__ = __next__
+    _listeners.append(span)
+
+
+def unwatch_dataloaders(span: Span) -> None:
+    global _original_next
+    if span in _listeners:
+        _listeners.remove(span)
+    if not _listeners and _original_next is not None:
+        _dataloader._BaseDataLoaderIter.__next__ = _original_next
+        _original_next = None
+
+
+# ---------------------------------------------------------------------------------------- wrapping
+class Wrapped:
+    """A user function replaced by a timing wrapper where the loop looks it up; `restore` puts it back."""
+
+    def __init__(self, owner: Any, name: str, span: Span):
+        self.owner, self.name = owner, name
+        self.original = _lookup(owner, name)
+        self.wrapper = _timing_wrapper(self.original, span)
+        _store(owner, name, self.wrapper)
+
+    def restore(self) -> None:
+        if _lookup(self.owner, self.name) is self.wrapper:
+            _store(self.owner, self.name, self.original)
+
+
+def _lookup(owner: Any, name: str) -> Any:
+    return owner[name] if isinstance(owner, dict) else inspect.getattr_static(owner, name)
+
+
+def _store(owner: Any, name: str, value: Any) -> None:
+    if isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
+
+
+def _timing_wrapper(function: Callable, span: Span) -> Callable:
+    if inspect.isgeneratorfunction(_innermost(function)):
+        @functools.wraps(function)
+        def generator_wrapper(*args, **kwargs):
+            items = function(*args, **kwargs)
+            while True:
+                with span:
+                    try:
+                        item = next(items)
+                    except StopIteration as stop:
+                        return stop.value
+                    span.produced(item)
+                yield item
+
+        return generator_wrapper
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with span:
+            result = function(*args, **kwargs)
+            span.produced(result)
+            return result
+
+    return wrapper
+
+
+def _innermost(function: Any) -> Any:
+    """Through decorators (functools.wraps' __wrapped__, torch.no_grad's included) to the function defined."""
+    for _ in range(8):
+        inner = getattr(function, "__wrapped__", None)
+        if inner is None:
+            break
+        function = inner
+    return function
+
+
+def user_function(value: Any) -> types.FunctionType | None:
+    """The user's function behind `value` (a function, possibly decorated), else None."""
+    inner = _innermost(value)
+    if isinstance(inner, types.FunctionType) and is_user_code(inner.__code__):
+        return inner
+    return None
+
+
+def found(role: str, value: Any) -> Found:
+    code = user_function(value).__code__
+    return Found(role, code.co_qualname, code.co_filename, code.co_firstlineno)
+
+
+# ---------------------------------------------------------------------------------------- discovery
+def model_inputs(args: tuple, kwargs: dict) -> set[int]:
+    """The ids of the tensors a model call was given (at the top level of its arguments)."""
+    values = [*args, *kwargs.values()]
+    values += [item for value in values if isinstance(value, (tuple, list)) for item in value]
+    values += [item for value in values if isinstance(value, Mapping) for item in value.values()]
+    return {id(value) for value in values if isinstance(value, torch.Tensor)}
+
+
+def _holds(value: Any, inputs: set[int]) -> bool:
+    if isinstance(value, torch.Tensor):
+        return id(value) in inputs
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
+    try:
+        return any(isinstance(item, torch.Tensor) and id(item) in inputs for item in itertools.islice(items, MAX_ITEMS))
+    except Exception:  # noqa: BLE001 - a Mapping of the user's whose iteration fails
+        return False
+
+
+def find_producers(frame: types.FrameType, inputs: set[int]) -> list[tuple[Any, str, Any]]:
+    """(owner, name, value) of each user function whose results the model was just given, over the user frames
+    of the stack from `frame` outward."""
+    bindings = []
+    for user_frame in user_frames(frame):
+        scope = user_frame.f_locals
+        names = {name for name, value in scope.items() if _holds(value, inputs)}
+        if names:
+            for expression in _assigned_from(user_frame.f_code, names):
+                bindings += _bindings(expression, user_frame)
+    unique = {(id(owner), name): (owner, name, value) for owner, name, value in bindings}
+    return list(unique.values())
+
+
+def _assigned_from(code: types.CodeType, names: set[str]) -> list[ast.expr]:
+    """The expressions the statements of `code` assign to any of `names` (a for loop: what it iterates)."""
+    node = _code_node(code)
+    if node is None:
+        return []
+    sources = []
+    for statement in _own_nodes(node):
+        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and statement.value is not None:
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            if names & {name for target in targets for name in _target_names(target)}:
+                sources.append(statement.value)
+        elif isinstance(statement, (ast.For, ast.AsyncFor)) and names & set(_target_names(statement.target)):
+            sources.append(_iterated(statement.iter))
+    return sources
+
+
+def _target_names(target: ast.expr) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _target_names(element)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return []
+
+
+def _iterated(expression: ast.expr) -> ast.expr:
+    """`enumerate(batches())` iterates `batches()`."""
+    while (isinstance(expression, ast.Call) and expression.args and isinstance(expression.func, ast.Name)
+           and expression.func.id in ITERATION_WRAPPERS):
+        expression = expression.args[0]
+    return expression
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(filename: str) -> ast.Module | None:
+    try:
+        return ast.parse("".join(linecache.getlines(filename)), filename)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _code_node(code: types.CodeType) -> ast.AST | None:
+    """The syntax tree of `code`: its file's module, or the function defined at its first line."""
+    module = _parsed(code.co_filename)
+    if module is None or code.co_name == "<module>":
+        return module
+    for node in ast.walk(module):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            first_lines = {node.lineno, *(decorator.lineno for decorator in node.decorator_list)}
+            if code.co_firstlineno in first_lines:
+                return node
+    return None
+
+
+def _own_nodes(node: ast.AST):
+    """The nodes of a function or module body, not those of the functions and classes it defines."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield child
+        yield from _own_nodes(child)
+
+
+def _bindings(expression: ast.expr, frame: types.FrameType) -> list[tuple[Any, str, Any]]:
+    """Where the user function called by `expression` is looked up: (owner, name, value), owner being the
+    frame's globals, a module, or the class defining the method."""
+    if not isinstance(expression, ast.Call):
+        return []
+    func = expression.func
+    if isinstance(func, ast.Name):
+        if func.id in frame.f_globals and (frame.f_code.co_name == "<module>" or func.id not in frame.f_locals):
+            value = frame.f_globals[func.id]
+            return [(frame.f_globals, func.id, value)] if user_function(value) else []
+        return []
+    if isinstance(func, ast.Attribute):
+        owner = _value_of(func.value, frame)
+        return _attribute_binding(owner, func.attr)
+    return []
+
+
+_MISSING = object()
+
+
+def _value_of(expression: ast.expr, frame: types.FrameType) -> Any:
+    """The object a Name or attribute chain names in `frame`, read without running user code (no properties)."""
+    if isinstance(expression, ast.Name):
+        for scope in (frame.f_locals, frame.f_globals):
+            if expression.id in scope:
+                return scope[expression.id]
+        return _MISSING
+    if isinstance(expression, ast.Attribute):
+        owner = _value_of(expression.value, frame)
+        if owner is _MISSING:
+            return _MISSING
+        try:
+            value = inspect.getattr_static(owner, expression.attr)
+        except AttributeError:
+            return _MISSING
+        return value if not isinstance(value, (property, types.GetSetDescriptorType)) else _MISSING
+    return _MISSING
+
+
+def _attribute_binding(owner: Any, name: str) -> list[tuple[Any, str, Any]]:
+    if owner is _MISSING:
+        return []
+    if isinstance(owner, types.ModuleType):
+        value = getattr(owner, name, None)
+        return [(owner, name, value)] if user_function(value) else []
+    instance_value = vars(owner).get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
+    if instance_value is not _MISSING:
+        return [(owner, name, instance_value)] if user_function(instance_value) and not isinstance(owner, type) else []
+    for cls in type(owner).__mro__:
+        value = vars(cls).get(name, _MISSING)
+        if value is not _MISSING:
+            return [(cls, name, value)] if user_function(value) else []
+    return []
+
+
+def find_evaluator(eval_codes: list[types.CodeType], loop_codes: set[types.CodeType],
+                   frames: list[types.FrameType]) -> tuple[Any, str, Any] | None:
+    """The user function the loop called to evaluate: in the user code of an evaluation call's stack
+    (`eval_codes`, innermost first), the outermost code below the loop's; with where the loop, one of whose
+    `frames` runs now, looks it up. None when the loop calls the model in evaluation itself."""
+    for inner, outer in zip(eval_codes, eval_codes[1:]):
+        if outer in loop_codes and inner not in loop_codes:
+            caller = next((frame for frame in frames if frame.f_code is outer), None)
+            return _binding_of_code(inner, caller) if caller is not None else None
+    return None
+
+
+def _binding_of_code(code: types.CodeType, caller: types.FrameType) -> tuple[Any, str, Any] | None:
+    """Where `caller` finds the function running `code`: a global of its module, or a method of the class of
+    one of its local objects."""
+    for name, value in caller.f_globals.items():
+        function = user_function(value)
+        if function is not None and function.__code__ is code:
+            return caller.f_globals, name, value
+    for value in caller.f_locals.values():
+        for cls in type(value).__mro__[:-1]:
+            for name, member in vars(cls).items():
+                function = user_function(member)
+                if function is not None and function.__code__ is code:
+                    return cls, name, member
+    return None

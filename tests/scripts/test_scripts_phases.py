@@ -1,0 +1,96 @@
+"""The phases and the verdict on real public scripts (script_corpus.py), slowed down and evaluating on
+purpose: data time is data wherever the script fetches, evaluation is its own phase and never host."""
+
+from __future__ import annotations
+
+import pytest
+from script_corpus import run_accelerate_clm, run_lightning_transformer, run_nanogpt
+
+from gpuprof.report import build_report
+
+SLOW_GET_BATCH = "phase_patches:slow_memmap"
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_process(monkeypatch):
+    """On a loaded machine of few cores, torch's OpenMP threads spinning against each other make a tiny
+    model's step many times slower: one thread keeps the step the model's own."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def recorded(result):
+    assert result.returncode == 0, result.stderr[-3000:]
+    return build_report(result.run.path)
+
+
+def measured(report):
+    steps = report.run.steps
+    return steps[steps["step"] >= report.summary.warmup.first_measured_step]
+
+
+def test_nanogpt_fetching_between_forward_and_backward_is_input_bound(tmp_path):
+    """nanoGPT fetches the next batch after the model call, before backward(): with its get_batch slow,
+    that time is data, not forward, the verdict says input and names get_batch, and the fix speaks of
+    what the loop does (it has no DataLoader)."""
+    delay_s = 0.5
+    report = recorded(run_nanogpt(tmp_path, patches=[(SLOW_GET_BATCH, {"delay_s": delay_s})], max_iters=8))
+    steps = measured(report)
+    assert (steps["data_time_s"] >= delay_s).all() and (steps["forward_time_s"] < delay_s).all()
+    verdict = report.verdict
+    assert verdict.bound == "input" and verdict.share_pct >= 60, verdict.why
+    assert "in get_batch (train.py:116) of the step" in verdict.why
+    assert report.meta["phase_sources"] == [{"role": "data", "function": "get_batch",
+                                             "file": str(tmp_path / "work" / "train.py"), "line": 116}]
+    [finding] = report.findings_in("input")
+    assert finding.rule == "dataloader-bound" and verdict.next_step.startswith(finding.fix)
+    assert finding.fix.startswith("get_batch (train.py:116) takes the time: prepare the next batches")
+    assert "queue.Queue" in finding.fix and "gpuprof train" not in verdict.next_step
+
+
+def test_nanogpt_periodic_evaluation_is_its_own_phase(tmp_path):
+    """estimate_loss() every 3 iterations (4 slow batches each) is eval: apart from the training step's
+    phases, named in the verdict with how often and how long, never host."""
+    delay_s = 0.3
+    report = recorded(run_nanogpt(tmp_path, patches=[(SLOW_GET_BATCH, {"delay_s": delay_s})], max_iters=9,
+                                  eval_interval=3, eval_iters=2))
+    steps = report.run.steps
+    evaluating = steps[steps["eval_time_s"].notna()]
+    assert len(evaluating) >= 2
+    # the first evaluation seen is timed from the fetch of its first batch; once estimate_loss is found, all of it
+    assert (evaluating["eval_time_s"] >= 4 * delay_s).all()
+    assert {"role": "eval", "function": "estimate_loss"}.items() <= report.meta["phase_sources"][-1].items()
+    other = report.hotspots[report.hotspots["phase"] == "other"]
+    assert not other["function"].eq("estimate_loss").any()  # other is the loop's own lines (and its checkpoint)
+    verdict = report.verdict
+    assert verdict.bound == "input", verdict.why
+    assert "Evaluation inside the loop is left out of the step's bound" in verdict.why
+    assert report.summary.evaluation["steps_with_eval"] == verdict.evaluation["steps_with_eval"] >= 1
+
+
+def test_accelerate_example_slow_dataloader_and_epoch_end_evaluation(tmp_path):
+    """The Accelerate example fetches from its DataLoader before the forward and evaluates inline at each
+    epoch's end: the loader's time is input, the evaluation its own phase, and the fix is the DataLoader's."""
+    delay_s = 0.2
+    report = recorded(run_accelerate_clm(tmp_path, patches=[("phase_patches:slow_dataloader_fetch",
+                                                             {"delay_s": delay_s})]))
+    steps = report.run.steps
+    evaluating = steps[steps["eval_time_s"].notna()]
+    assert len(evaluating) == 2  # after epochs 1 and 2, in the next epoch's first step (the 3rd ends the run)
+    # its one evaluation batch is fetched (through Accelerate's prefetching wrapper) before the first evaluation
+    # call, so that fetch is data; the evaluation call itself is eval
+    assert (evaluating["eval_time_s"] > 0).all()
+    # one slow batch a step; Accelerate fetches one ahead, so at an epoch's edges a step may hold none or two
+    assert measured(report)["data_time_s"].median() >= delay_s
+    verdict = report.verdict
+    assert verdict.bound == "input" and verdict.share_pct >= 50, verdict.why
+    assert "Evaluation inside the loop is left out of the step's bound: 2 time(s)" in verdict.why
+    assert "DataLoader(num_workers=4, pin_memory=True" in verdict.next_step and "gpuprof train" not in verdict.next_step
+
+
+def test_lightning_validation_is_eval_not_host(tmp_path):
+    report = recorded(run_lightning_transformer(tmp_path, patches=[("phase_patches:validate_every", {"steps": 2})],
+                                                max_steps=6))
+    steps = report.run.steps
+    assert steps["eval_time_s"].notna().sum() >= 2
+    assert report.summary.evaluation and report.verdict.bound != "host", report.verdict.why
+    assert "Evaluation inside the loop is left out of the step's bound" in report.verdict.why
