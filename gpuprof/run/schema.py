@@ -52,7 +52,8 @@ LIST_COLUMNS = {"system": ("throttle_reasons",)}
 # Booleans (a rank that never wrote one stores an all-null float column instead).
 FLAG_COLUMNS = {"steps": ("grad_norm_finite", "loss_finite", "step_skipped")}
 # Text columns; every other documented column (lists, flags, details aside) holds numbers.
-TEXT_COLUMNS = {"events": ("kind", "severity", "message"), "layers": ("layer", "level")}
+TEXT_COLUMNS = {"events": ("kind", "severity", "message"), "layers": ("layer", "level"),
+                "stacks": ("phase", "function", "file", "inner_function", "inner_file", "loop_file")}
 DETAILS_COLUMN = "details"  # of events: a JSON object (JSON text in Parquet)
 SORT_KEYS = {
     "steps": ["step", "rank"],
