@@ -79,7 +79,7 @@ def test_every_config_knob_has_a_flag():
             "--num-workers", "1", "--grad-clip", "0.5", "--activation-checkpointing", "--no-fused-adamw",
             "--no-tf32", "--no-pin-memory", "--compile", "--run-dir", "r", "--log-every", "2", "--trace-steps", "2:4",
             "--checkpoint-every", "4", "--checkpoint-dir", "c", "--resume", "x.pt", "--data-delay-ms", "5",
-            "--host-sync", "--straggler-rank", "1", "--straggler-delay-ms", "20",
+            "--host-sync", "--host-work-ms", "3", "--straggler-rank", "1", "--straggler-delay-ms", "20",
             "--inject", "embedding-nan@2", "--on-nonfinite", "raise"]
     config = config_from_args(build_parser().parse_args(argv)).as_dict()
     defaults = TrainConfig(variant="optimized").as_dict()
