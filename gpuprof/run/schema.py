@@ -53,7 +53,8 @@ LIST_COLUMNS = {"system": ("throttle_reasons",)}
 FLAG_COLUMNS = {"steps": ("grad_norm_finite", "loss_finite", "step_skipped")}
 # Text columns; every other documented column (lists, flags, details aside) holds numbers.
 TEXT_COLUMNS = {"events": ("kind", "severity", "message"), "layers": ("layer", "level"),
-                "stacks": ("phase", "function", "file", "inner_function", "inner_file", "loop_file")}
+                "stacks": ("phase", "function", "file", "inner_function", "inner_file", "loop_file"),
+                "heartbeats": ("phase", "collective_kind", "where")}
 DETAILS_COLUMN = "details"  # of events: a JSON object (JSON text in Parquet)
 SORT_KEYS = {
     "steps": ["step", "rank"],
