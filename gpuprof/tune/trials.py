@@ -241,7 +241,11 @@ def _losses(report):
         import pandas as pd
 
         return pd.Series(dtype=float)
-    return steps.groupby("step")["loss"].mean().dropna().astype(float)
+    losses = steps.groupby("step")["loss"].mean().dropna().astype(float)
+    # a run that began recording after the script's first iteration numbers its second one step 0
+    if str((report.meta.get("config") or {}).get("first_iteration", "")).startswith("not recorded"):
+        losses.index = losses.index + 1
+    return losses
 
 
 def _kill(child: subprocess.Popen) -> None:

@@ -12,6 +12,7 @@ The winning set (the fastest trial that helped) ends in the diff a user applies 
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,8 @@ class TuneResult:
 def tune(target, out_dir, *, steps: int | None = None, only: list[str] | None = None, budget_s: float | None = None,
          progress: Callable[[str], None] = lambda line: None) -> TuneResult:
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
+    # under torchrun rank 0 alone checks: the other ranks may look after it has begun writing the baseline
+    if os.environ.get("RANK", "0") == "0" and out.exists() and any(out.iterdir()):
         raise GpuprofError(f"{out} is not empty: tune writes its trials into a folder of its own")
     applicable = target.knobs()
     unknown = [name for name in only or () if name not in applicable]
