@@ -32,7 +32,9 @@ def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
     folder are the summary's `missing_ranks`."""
     now_unix_s = time.time() if now_unix_s is None else now_unix_s
     last_step = _per_rank(run, "steps", q.maximum("step"))
-    last_seen = pd.concat([_per_rank(run, stream, q.maximum("time_unix_s")) for stream in ("heartbeats", "steps")]
+    # events too: a rank's rank_failed is when it was last alive, so two ranks that ended the same step
+    # (a DDP step ends at once on all) are told apart by which one failed first
+    last_seen = pd.concat([_per_rank(run, stream, q.maximum("time_unix_s")) for stream in ("heartbeats", "steps", "events")]
                           ).groupby(level=0).max()
     failures = run.query.frame("events", ["rank", "details"], where=[q.kind_is(EventKind.RANK_FAILED)])
     failed = {int(row["rank"]): row["details"] or {} for row in failures.to_dict(orient="records")}
