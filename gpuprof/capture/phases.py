@@ -153,6 +153,7 @@ class PhaseHooks:
         self._data_start = time.perf_counter()
         self._step_spans = _StepSpans()
         self._forward_start = self._forward_end = self._backward_start = self._optimizer_start = None
+        self._data_unseen = False  # gpuprof run joined the step at its first backward()
 
     def on_after_backward(self, prof, step: int) -> None:
         end = self._clock.stamp()
@@ -171,6 +172,7 @@ class PhaseHooks:
         now = self._clock.stamp()
         self._times.add("forward", forward_start, now)
         self._backward_start, self._data_start = now, None
+        self._data_unseen = True  # a later micro-batch's fetch is only part of it: the step's data stays unseen
 
     def finish_step(self) -> PhaseTimes | None:
         """The step's automatic spans; the Profiler calls this at `prof.step()`."""
@@ -178,6 +180,8 @@ class PhaseHooks:
         if self._times is not None:
             self._step_spans.close_window()
             for name, seconds in self._step_spans.totals_s().items():
+                if name == "data" and getattr(self, "_data_unseen", False):
+                    continue
                 self._times.add_host(name, seconds)
         return self._times
 
