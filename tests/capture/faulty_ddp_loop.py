@@ -1,4 +1,4 @@
-"""A tiny GPT-2 DDP loop on gloo with one fault on one rank, for the hang, dead-rank and straggler tests.
+"""A tiny DDP language-model loop on gloo with one fault on one rank, for the hang, dead-rank and straggler tests.
 
     torchrun --nproc_per_node 2 faulty_ddp_loop.py RUN_DIR --fault stuck|skip|raise|kill|straggler
         [--rank 1] [--at-step 5] [--steps N] [--hang-timeout-s 20] [--delay-ms 60] [--step-sleep-s 0]
@@ -6,7 +6,9 @@
 stuck: the rank sleeps inside `read_next_shard` at the step (its data phase), the others wait in
 backward's all-reduce. skip: rank 0 makes an all_reduce the others skip, who go on to a barrier.
 raise: the rank raises in its step. kill: the rank sends itself SIGKILL. straggler: the rank sleeps
-`delay_ms` in its data phase every step.
+`delay_ms` in its data phase every step. The model is a plain embedding and head, not GPT-2: what
+these tests look at is the ranks, their collectives and their stacks, and each rank then starts
+without the seconds of CPU that importing transformers costs.
 """
 
 from __future__ import annotations
@@ -18,13 +20,23 @@ import time
 
 import torch
 import torch.distributed as dist
-import transformers
-from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpuprof
 
-transformers.logging.set_verbosity_error()
-VOCAB, SEQ, BATCH = 128, 16, 2
+VOCAB, SEQ, BATCH, WIDTH = 128, 16, 2, 32
+
+
+class TinyLM(torch.nn.Module):
+    """An embedding and a linear head; forward gives the next-token loss over the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+        self.head = torch.nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.embed(tokens[:, :-1]))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
 def read_next_shard(step: int, rank: int, args) -> torch.Tensor:
@@ -68,14 +80,13 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(GPT2LMHeadModel(GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ, bos_token_id=0, eos_token_id=0)))
+    model = torch.nn.parallel.DistributedDataParallel(TinyLM())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with gpuprof.profile(args.run_dir, model=model, optimizer=optimizer, numerics=False,
                          hang_timeout_s=args.hang_timeout_s) as prof:
         for step in range(args.steps):
             tokens = read_next_shard(step, rank, args)
-            loss = model(input_ids=tokens, labels=tokens).loss
+            loss = model(tokens)
             fail_here(step, rank, args)
             loss.backward()
             optimizer.step()

@@ -1,17 +1,23 @@
 """A plain FSDP2 loop (fully_shard per GPT-2 block and on the root) under gpuprof.profile, for torchrun.
 
-    torchrun --nproc_per_node 2 fsdp_loop.py RUN_DIR --steps 4 --nan-step 3 --nan-rank 1
-    torchrun --nproc_per_node 2 fsdp_loop.py RUN_DIR --steps 5 --fail-step 2 --fail-rank 1 --fail-in collector
+    torchrun --nproc_per_node 2 fsdp_loop.py OUT_DIR RUNS_JSON
+    RUNS_JSON: [{"name": "nan", "steps": 4, "nan_step": 3, "nan_rank": 1},
+                {"name": "collector", "steps": 5, "fail_step": 2, "fail_rank": 1, "fail_in": "collector"}, ...]
 
-At --nan-step, rank --nan-rank writes a NaN into its own shard of NAN_PARAM's gradient (right
-after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). At --fail-step, gpuprof's own code
-fails on rank --fail-rank (--fail-in: the gradient collector's norms, the Profiler before or after
-the step's all-reduce, or the gradient collector after it). What the loop itself saw (losses, clip_grad_norm_, per-block norms) goes to RUN_DIR.seen-rankN.json.
+One job, one process group, the runs one after the other, each a fresh model and a fresh
+gpuprof.profile in OUT_DIR/NAME (a job of its own costs two processes importing torch and
+transformers). At nan_step, rank nan_rank writes a NaN into its own shard of NAN_PARAM's gradient
+(right after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). At fail_step,
+gpuprof's own code fails on rank fail_rank (fail_in: the gradient collector's norms, the Profiler
+before or after the step's all-reduce, or the gradient collector after it); the function made to
+fail is put back when its run ends. What the loop itself saw (losses, clip_grad_norm_, per-block
+norms) goes to OUT_DIR/NAME.seen-rankN.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 from pathlib import Path
@@ -23,7 +29,7 @@ import gpuprof
 from capture_loop import batch, tiny_model
 
 NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
-# --fail-in: where gpuprof's own code raises; (module, name) of the function made to raise
+# fail_in: where gpuprof's own code raises; (module, name) of the function made to raise
 FAILURES = {
     "collector": ("gpuprof.capture.gradients", "tensor_norms"),  # inside the collector's own hook
     "profiler-before": ("gpuprof.capture.profiler", "_micro_batches"),  # the Profiler, before the all-reduce
@@ -32,7 +38,8 @@ FAILURES = {
 }
 
 
-def fail_at(step_now: dict, step: int, where: str) -> None:
+@contextlib.contextmanager
+def failing_at(step_now: dict, step: int, where: str):
     module, name = FAILURES[where]
     module = importlib.import_module(module)
     original = getattr(module, name)
@@ -43,35 +50,33 @@ def fail_at(step_now: dict, step: int, where: str) -> None:
         return original(*args, **kwargs)
 
     setattr(module, name, failing)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("run_dir")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--nan-step", type=int)
-    parser.add_argument("--nan-rank", type=int, default=1)
-    parser.add_argument("--fail-step", type=int)
-    parser.add_argument("--fail-rank", type=int, default=1)
-    parser.add_argument("--fail-in", choices=FAILURES, default="collector")
-    args = parser.parse_args()
-    torch.distributed.init_process_group("gloo")
-    rank = torch.distributed.get_rank()
+def sharded_model():
     model = tiny_model()
     for block in model.transformer.h:
         fully_shard(block)
     fully_shard(model)
+    return model
+
+
+def train(run_dir: str, rank: int, *, steps: int, nan_step=None, nan_rank=None, fail_step=None, fail_rank=None,
+          fail_in="collector") -> None:
+    model = sharded_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     step_now = {"step": 0}
-    if rank == args.nan_rank:
+    if rank == nan_rank:
         param = dict(model.named_parameters())[NAN_PARAM]
         param.register_post_accumulate_grad_hook(
-            lambda p: p.grad.to_local().view(-1)[0].fill_(float("nan")) if step_now["step"] == args.nan_step else None)
-    if args.fail_step is not None and rank == args.fail_rank:
-        fail_at(step_now, args.fail_step, args.fail_in)
+            lambda p: p.grad.to_local().view(-1)[0].fill_(float("nan")) if step_now["step"] == nan_step else None)
+    fault = failing_at(step_now, fail_step, fail_in) if rank == fail_rank else contextlib.nullcontext()
     seen = {"losses": [], "clip_norms": [], "block_norms": []}
-    with gpuprof.profile(args.run_dir, model=model, optimizer=optimizer, layer_interval=1) as prof:
-        for step in range(args.steps):
+    with fault, gpuprof.profile(run_dir, model=model, optimizer=optimizer, layer_interval=1) as prof:
+        for step in range(steps):
             step_now["step"] = step
             inputs = batch(step, 0, rank)
             with prof.phase("forward"):
@@ -87,7 +92,19 @@ def main() -> None:
                 optimizer.zero_grad(set_to_none=True)
             seen["losses"].append(float(loss))
             prof.step(loss=loss.detach(), tokens=inputs.numel())
-    Path(f"{args.run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
+    Path(f"{run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("runs", type=json.loads, help="a JSON list of runs: name and train()'s options")
+    args = parser.parse_args()
+    torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank()
+    for run in args.runs:
+        options = {key: value for key, value in run.items() if key != "name"}
+        train(f"{args.out_dir}/{run['name']}", rank, **options)
     torch.distributed.destroy_process_group()
 
 

@@ -1,4 +1,5 @@
-"""Capture of a plain FSDP2 loop (2 gloo ranks under torchrun): sharded norms, memory, NaN origin."""
+"""Capture of a plain FSDP2 loop (2 gloo ranks under torchrun): sharded norms, memory, NaN origin, and
+gpuprof's own code failing on one rank. One job records every run, one after the other (fsdp_loop.py)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,33 @@ import gpuprof
 LOOP = Path(__file__).with_name("fsdp_loop.py")
 STEPS, NAN_STEP, NAN_RANK = 4, 3, 1
 NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
+FAIL_STEPS, FAIL_STEP, FAIL_RANK = 5, 2, 1
+FAIL_IN = ["collector", "profiler-before", "profiler-after", "collector-after"]
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
+def fsdp_runs(tmp_path_factory) -> Path:
+    """The folder of the job's runs: `nan`, then one per FAIL_IN place, each beside its NAME.seen-rankN.json."""
+    out_dir = tmp_path_factory.mktemp("fsdp")
+    runs = [{"name": "nan", "steps": STEPS, "nan_step": NAN_STEP, "nan_rank": NAN_RANK}] + [
+        {"name": where, "steps": FAIL_STEPS, "fail_step": FAIL_STEP, "fail_rank": FAIL_RANK, "fail_in": where}
+        for where in FAIL_IN]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(LOOP),
-               str(run_dir), "--steps", str(STEPS), "--nan-step", str(NAN_STEP), "--nan-rank", str(NAN_RANK)]
+               str(out_dir), json.dumps(runs)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, timeout=300, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, timeout=600, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    seen = {rank: json.loads(Path(f"{run_dir}.seen-rank{rank}.json").read_text()) for rank in (0, 1)}
-    return gpuprof.load_run(run_dir), seen
+    return out_dir
+
+
+def seen_by(run_dir: Path, rank: int) -> dict:
+    return json.loads(Path(f"{run_dir}.seen-rank{rank}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(fsdp_runs):
+    run_dir = fsdp_runs / "nan"
+    return gpuprof.load_run(run_dir), {rank: seen_by(run_dir, rank) for rank in (0, 1)}
 
 
 @pytest.mark.slow
@@ -67,27 +83,21 @@ def test_nan_in_one_ranks_shard_names_that_rank_and_parameter(fsdp_run):
 
 @pytest.mark.slow
 @pytest.mark.capture_may_switch_off
-@pytest.mark.parametrize("where", ["collector", "profiler-before", "profiler-after", "collector-after"])
-def test_capture_failing_on_one_rank_never_leaves_the_others_waiting(tmp_path, where):
+@pytest.mark.parametrize("where", FAIL_IN)
+def test_capture_failing_on_one_rank_never_leaves_the_others_waiting(fsdp_runs, where):
     """The sharded gradient norms cost one all-reduce per step that every rank must make. When gpuprof's
     own code fails on one rank, that rank keeps making it (its part marked unknown): training ends on
     every rank, with the loop's own losses, and no rank records a partial norm from then on."""
-    steps, fail_step = 5, 2
-    run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(LOOP),
-               str(run_dir), "--steps", str(steps), "--fail-step", str(fail_step), "--fail-rank", "1",
-               "--fail-in", where]
-    done = subprocess.run(command, timeout=300, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
+    steps, fail_step = FAIL_STEPS, FAIL_STEP
+    run_dir = fsdp_runs / where
     run = gpuprof.load_run(run_dir)
     healthy = run.steps[run.steps["rank"] == 0].set_index("step")
-    seen = json.loads(Path(f"{run_dir}.seen-rank0.json").read_text())
+    seen = seen_by(run_dir, 0)
     assert healthy.index.tolist() == list(range(steps))
     np.testing.assert_allclose(healthy["loss"], seen["losses"], rtol=1e-6)
     np.testing.assert_allclose(healthy["grad_norm"].loc[:fail_step - 1], seen["clip_norms"][:fail_step], rtol=1e-5)
     first_unknown = fail_step + 1 if where.endswith("after") else fail_step
     assert healthy["grad_norm"].loc[first_unknown:].isna().all()
-    switched_off = run.events[(run.events["rank"] == 1) & run.events["kind"].isin(
+    switched_off = run.events[(run.events["rank"] == FAIL_RANK) & run.events["kind"].isin(
         ["profiler_disabled", "collector_disabled"])]
     assert switched_off["step"].tolist() == [fail_step]

@@ -23,20 +23,29 @@ import torch
 from capture_loop import batch, tiny_model
 
 import gpuprof
+from gpuprof.cli import main
 from gpuprof.report import build_report
 
 LOOP = Path(__file__).with_name("faulty_ddp_loop.py")
 JOB_BOUND_S = 420  # the whole job, start-up of two torch processes on a loaded machine included
+# The watchdog beats every timeout / 4 and calls a rank silent after 3 beats: at 10 s, a loaded
+# machine still leaves a beat more than twice its interval; a step here takes milliseconds.
+HANG_TIMEOUT_S = 10
 HANG_EVENT_BOUND_S = 60  # from the stuck step's start to the event in the run directory
 STOP_BOUND_S = 60
 
 
 @contextlib.contextmanager
-def torchrun(run_dir: Path, *args: str):
+def torchrun(run_dir: Path, *args: str, shutdown_timeout_s: int | None = None):
+    """shutdown_timeout_s: how long torchrun waits for its workers after its SIGTERM before it kills them
+    (its own default: 30 s), for a job whose ranks are blocked where no signal handler runs."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(LOOP), str(run_dir), *args]
+    env = dict(os.environ)
+    if shutdown_timeout_s is not None:
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout_s)
     log = open(run_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
-    job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         yield job
     finally:
@@ -90,9 +99,10 @@ def hang_events_of_every_rank(run_dir: Path, step: int):
     return events if sorted(event["rank"] for event in events) == [0, 1] else None
 
 
-def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(tmp_path):
+def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(tmp_path, capsys):
     run_dir = tmp_path / "stuck"
-    with torchrun(run_dir, "--fault", "stuck", "--rank", "1", "--at-step", "5", "--hang-timeout-s", "20") as job:
+    with torchrun(run_dir, "--fault", "stuck", "--rank", "1", "--at-step", "5",
+                  "--hang-timeout-s", str(HANG_TIMEOUT_S)) as job:
         events = wait_for(lambda: hang_events_of_every_rank(run_dir, 5), job)
         assert job.poll() is None, "the job should still be hung"
     assert events, f"no hang event from each rank: {run_dir.with_suffix('.log').read_text()[-3000:]}"
@@ -107,7 +117,7 @@ def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(t
         assert any(frame["code"] == "loss.backward()" for frame in waiting["stack"])
         assert event["message"].startswith("rank 1 is at step 5 (data) in read_next_shard (faulty_ddp_loop.py:")
         assert "rank 0 has waited in backward's all_reduce" in event["message"]
-        assert details["timeout_s"] == 20 and details["stalled_s"] >= 20
+        assert details["timeout_s"] == HANG_TIMEOUT_S and details["stalled_s"] >= HANG_TIMEOUT_S
     own = {event["rank"]: event["details"] for event in events}
     assert own[1]["phase"] == "data" and own[1]["collective"] is None
     main = next(stack for stack in own[1]["stacks"] if stack["main"])
@@ -127,14 +137,16 @@ def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(t
     # and the verdict says it hung, first
     assert report.verdict.bound == "failure"
     assert report.verdict.why.startswith("Hung at step 5: rank 1 is at step 5 (data) in read_next_shard")
-    text = analyze(run_dir)
+    text = analyze(run_dir, capsys)
     assert text.startswith("Verdict: Stopped by a hang or a dead rank")
     assert "  hang        step 5, seen by rank " in text
 
 
 def test_a_rank_that_skips_a_collective_is_a_desync_by_sequence_number(tmp_path):
     run_dir = tmp_path / "skip"
-    with torchrun(run_dir, "--fault", "skip", "--at-step", "3", "--hang-timeout-s", "20") as job:
+    # both ranks then wait inside gloo, where torchrun's SIGTERM is never handled: it kills them at once
+    with torchrun(run_dir, "--fault", "skip", "--at-step", "3", "--hang-timeout-s", str(HANG_TIMEOUT_S),
+                  shutdown_timeout_s=1) as job:
         events = wait_for(lambda: hang_events_of_every_rank(run_dir, 3), job)
         assert job.poll() is None
     assert events, run_dir.with_suffix(".log").read_text()[-3000:]
@@ -156,15 +168,15 @@ def finished_job(run_dir: Path, *args: str) -> None:
         assert job.poll() is not None, f"the job did not end: {run_dir.with_suffix('.log').read_text()[-3000:]}"
 
 
-def analyze(run_dir: Path) -> str:
-    result = subprocess.run([sys.executable, "-m", "gpuprof", "analyze", str(run_dir)], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+def analyze(run_dir: Path, capsys) -> str:
+    """`gpuprof analyze RUN_DIR`'s text (the CLI's own entry point, in this process)."""
+    capsys.readouterr()
+    assert main(["analyze", str(run_dir)]) == 0
+    return capsys.readouterr().out
 
 
 @pytest.mark.capture_may_switch_off  # the surviving rank's collectors see the broken process group
-def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path):
+def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path, capsys):
     run_dir = tmp_path / "raise"
     finished_job(run_dir, "--fault", "raise", "--rank", "1", "--at-step", "5")
     report = build_report(run_dir)
@@ -174,7 +186,7 @@ def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path):
     assert "in fail_here" in outcomes.loc[1, "traceback"]
     assert outcomes.loc[0, "status"] in ("failed", "incomplete")  # stopped by torchrun, or by the broken group
     assert report.verdict.bound == "failure"
-    text = analyze(run_dir)
+    text = analyze(run_dir, capsys)
     assert text.startswith("Verdict: Stopped by a hang or a dead rank")
     assert "rank 1 failed after step 4 (RuntimeError: bad batch on rank 1 at step 5)" in text
     finding = next(f for f in report.findings if f.rule == "ranks-never-finished")
@@ -182,7 +194,7 @@ def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path):
 
 
 @pytest.mark.capture_may_switch_off
-def test_a_rank_killed_with_sigkill_is_named_with_its_last_step(tmp_path):
+def test_a_rank_killed_with_sigkill_is_named_with_its_last_step(tmp_path, capsys):
     run_dir = tmp_path / "kill"
     # steps longer than the writer's buffer (1 s), so that what the kill loses is the last step at most
     finished_job(run_dir, "--fault", "kill", "--rank", "1", "--at-step", "5", "--step-sleep-s", "1.2")
@@ -191,7 +203,7 @@ def test_a_rank_killed_with_sigkill_is_named_with_its_last_step(tmp_path):
     assert outcomes.loc[1, "status"] == "incomplete" and pd.isna(outcomes.loc[1, "traceback"])
     assert 3 <= outcomes.loc[1, "last_step"] <= 4
     assert outcomes.loc[0, "status"] != "finished"
-    text = analyze(run_dir)
+    text = analyze(run_dir, capsys)
     assert text.startswith("Verdict: Stopped by a hang or a dead rank")
     assert f"rank 1 stopped after step {outcomes.loc[1, 'last_step']} with no traceback" in text
 
@@ -220,10 +232,12 @@ def slow_io(seconds: float) -> None:
 def test_one_process_stalled_past_its_timeout_records_a_hang_then_its_end(tmp_path):
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, numerics=False, hang_timeout_s=5.0) as prof:
+    timeout_s = 2.0  # one process: no other rank's beats to wait for, it beats every 0.5 s
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, numerics=False,
+                         hang_timeout_s=timeout_s) as prof:
         for step in range(5):
             if step == 3:
-                slow_io(12.0)
+                slow_io(3 * timeout_s)
             tokens = batch(step)
             model(input_ids=tokens, labels=tokens).loss.backward()
             optimizer.step()
@@ -245,4 +259,4 @@ def test_one_process_stalled_past_its_timeout_records_a_hang_then_its_end(tmp_pa
     assert report.hangs["ended"].all() and report.verdict.bound != "failure"
     assert report.rank_outcomes["status"].tolist() == ["finished"]
     beats = run.heartbeats
-    assert (beats["step"] == 3).any() and beats["stalled_s"].max() >= 5.0
+    assert (beats["step"] == 3).any() and beats["stalled_s"].max() >= timeout_s
