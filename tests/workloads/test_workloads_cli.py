@@ -1,4 +1,5 @@
-"""The real `gpuprof train` command in a subprocess: a recorded run, and bad input as one line, exit 2."""
+"""The real `gpuprof train` command: a recorded run (a subprocess), and bad input as one line, exit 2
+(every case through the CLI's entry in-process, one of each kind of error in a subprocess)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import gpuprof
+from gpuprof.cli import main
 
 SMALL_FLAGS = ["--model", "tiny", "--vocab-size", "8192", "--seq-len", "64", "--batch-size", "4"]
 
@@ -19,22 +21,17 @@ def gpuprof_train(*args: str, cwd=None) -> subprocess.CompletedProcess:
 
 
 def test_train_records_a_run_and_prints_a_summary(tmp_path):
-    done = gpuprof_train(*SMALL_FLAGS, "--variant", "optimized", "--steps", "3", "--num-workers", "0",
-                         "--run-dir", str(tmp_path / "run"))
+    """Without --run-dir the run goes under ./runs/, named for its variant."""
+    done = gpuprof_train(*SMALL_FLAGS, "--variant", "optimized", "--steps", "3", "--num-workers", "0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("optimized tiny: 3 steps, mean step time ")
     assert "tokens/s" in summary and "peak memory" in summary
-    run = gpuprof.load_run(tmp_path / "run")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("-optimized") and (run_dir / "meta.json").is_file()
+    run = gpuprof.load_run(run_dir)
     assert len(run.steps) == 3
     assert run.meta["config"]["variant"] == "optimized" and run.meta["config"]["compute_dtype"] == "bfloat16"
-
-
-def test_without_run_dir_the_run_goes_under_runs(tmp_path):
-    done = gpuprof_train(*SMALL_FLAGS, "--steps", "1", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.endswith("-baseline") and (run_dir / "meta.json").is_file()
 
 
 def write_tokens(path, ids) -> str:
@@ -53,17 +50,37 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path, case):
+def bad_input_args(tmp_path, case: str) -> tuple[list[str], str]:
+    """`gpuprof train` arguments for one BAD_INPUTS case (its files written under tmp_path), and the message."""
     (tmp_path / "empty.txt").write_text("")
     write_tokens(tmp_path / "big_ids.bin", [1, 2, 9000] * 100)
     flags, message = BAD_INPUTS[case]
-    args = [flag.format(tmp=tmp_path) for flag in flags]
-    done = gpuprof_train(*SMALL_FLAGS, "--steps", "2", "--run-dir", str(tmp_path / "run"), *args)
-    assert done.returncode == 2, done.stderr[-3000:]
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0], done.stderr
-    assert "Traceback" not in done.stderr
+    return [*SMALL_FLAGS, "--steps", "2", "--run-dir", str(tmp_path / "run"), *[f.format(tmp=tmp_path) for f in flags]], message
+
+
+def assert_one_line(code: int, stderr: str, message: str) -> None:
+    assert code == 2, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, case):
+    """Through the CLI's entry in this process (a fresh interpreter per case only repeats its start-up)."""
+    args, message = bad_input_args(tmp_path, case)
+    try:
+        code = main(["train", *args])
+    except SystemExit as exit:  # argparse's errors leave through sys.exit, as in `python -m gpuprof`
+        code = exit.code
+    assert_one_line(code, capsys.readouterr().err, message)
+
+
+@pytest.mark.parametrize("case", ["missing data path", "unknown model size"])  # a GpuprofError, an argparse error
+def test_bad_input_from_the_shell_is_one_line_and_exit_code_2(tmp_path, case):
+    args, message = bad_input_args(tmp_path, case)
+    done = gpuprof_train(*args)
+    assert_one_line(done.returncode, done.stderr, message)
 
 
 def test_every_config_knob_has_a_flag():

@@ -11,6 +11,7 @@ keyed by the corpus files' names, sizes and modification times.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -77,9 +78,7 @@ def load_tokens(path: Path, vocab_size: int, seq_len: int, name: str | None = No
 
 def _text_files(data: str | None) -> list[Path]:
     if data is None:
-        root = Path(sysconfig.get_paths()["stdlib"])
-        skip = {"site-packages", "dist-packages", "__pycache__"}
-        return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+        return list(_standard_library_files())
     path = Path(data)
     if path.is_file():
         return [path]
@@ -89,6 +88,14 @@ def _text_files(data: str | None) -> list[Path]:
             raise DataError(f"data folder {data} holds no files")
         return files
     raise DataError(f"data path {data} does not exist")
+
+
+@functools.lru_cache(maxsize=1)
+def _standard_library_files() -> tuple[Path, ...]:
+    """Listed once per process: walking the standard library takes a CPU-second, every prepare() needs it."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    return tuple(sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)))
 
 
 def _read_text(path: Path) -> str:
