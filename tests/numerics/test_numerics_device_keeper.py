@@ -20,6 +20,7 @@ pytest.importorskip("triton")
 
 KERNELS = "gpuprof.numerics.device_copy_kernels"
 ON_DEVICE = {"keep_state": "when_bad"}  # on the CPU, "auto" reads the values on the host
+INTERPRETED_PROGRAMS_PER_TENSOR = 2
 
 
 @pytest.fixture
@@ -28,6 +29,9 @@ def device_keeping(monkeypatch):
     device copy allowed on this device. Yields the keepers made, to check which path ran."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(device_copy, "available", lambda device: True)
+    # the interpreter runs every program in Python, even the ones that exit at once: two programs a tensor
+    # still split each tensor's bytes between programs, for an eighth of the interpreted launches
+    monkeypatch.setattr(device_copy, "PROGRAMS_PER_TENSOR", INTERPRETED_PROGRAMS_PER_TENSOR)
     _forget_kernels()
     made: list = []
     original_start = keeping.StepKeeping.start
