@@ -98,20 +98,32 @@ def chromium_page():
         browser.close()
 
 
-def browser_root(sample_root: Path, snapshot_root: Path, folder: Path) -> Path:
-    """The sample runs and a run with a trace window and memory snapshots, in one folder."""
+def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, folder: Path) -> Path:
+    """The sample runs, a run with a trace window and memory snapshots, and plain traces, in one folder."""
     for run in (*(sample_root / name for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")),
-                snapshot_root / "snap"):
+                snapshot_root / "snap", plugin_traces["no_workers"], plugin_traces["workers"]):
         shutil.copytree(run, folder / run.name)
     return folder
 
 
+# Plain traces beside gpuprof runs: (page, runs, charts, tables, texts).
+TRACE_PAGES = (
+    ("Runs", (), 0, 1, ["plain trace", "gpuprof run", "Bound by input"]),
+    ("Run", ("no_workers",), 1, 0, ["Bound by input", "waiting for the next batch", "only a gpuprof run records"]),
+    ("Trace", ("no_workers",), 1, 5, ["Step time breakdown", "Timeline of a step"]),
+    ("Distributed", ("workers",), 0, 0, ["single process"]),
+    ("Compare", ("no_workers", "workers"), 2, 1, ["Bound by input", "Step time breakdown"]),
+)
+
+
+# One server and one browser for both lists of pages: each start costs a loaded machine seconds of CPU.
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/test.sh installs Debian's "
                     "`chromium` where it can: apt-get install -y chromium)")
 @pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
-def test_every_page_renders_its_charts_and_tables_in_chromium(sample_root, snapshot_root, tmp_path, start_dashboard):
+def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in_chromium(
+        sample_root, snapshot_root, plugin_traces, tmp_path, start_dashboard):
     titles = [finding.title for finding in diagnose(load_run(sample_root / "slow-data"))]
-    server = start_dashboard(str(browser_root(sample_root, snapshot_root, tmp_path / "runs")))
+    server = start_dashboard(str(browser_root(sample_root, snapshot_root, plugin_traces, tmp_path / "runs")))
     url = server.url
     with chromium_page() as page:
         shown = {}
@@ -126,45 +138,21 @@ def test_every_page_renders_its_charts_and_tables_in_chromium(sample_root, snaps
                 timeline = opened.value
                 shown["Timeline"] = rendered(timeline, 1, 1, ["Drew ", "Longest intervals drawn"])
                 timeline.close()
+        for name, runs, charts, tables, texts in TRACE_PAGES:
+            page.goto(f"{url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
+            shown[f"plain traces: {name}"] = rendered(page, charts, tables, texts)
     assert server.ctrl_c() == 0
     assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
-    assert set(shown) == {"Runs", "Run", "Numerics", "Trace", "Timeline", "Memory", "Distributed", "Compare"}
+    assert set(shown) == {"Runs", "Run", "Numerics", "Trace", "Timeline", "Memory", "Distributed", "Compare",
+                          *(f"plain traces: {name}" for name, *_ in TRACE_PAGES)}
+    runs_text = shown["plain traces: Runs"]["text"]
+    assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text
     (tmp_path / "run_page.png").write_bytes(screenshot)
     from PIL import Image
 
     image = Image.open(io.BytesIO(screenshot)).convert("L")
     low, high = image.getextrema()
     assert high - low > 100, "the screenshot is blank"
-
-
-# A folder of plain traces beside a gpuprof run: (page, runs, charts, tables, texts).
-TRACE_PAGES = (
-    ("Runs", (), 0, 1, ["plain trace", "gpuprof run", "Bound by input"]),
-    ("Run", ("no_workers",), 1, 0, ["Bound by input", "waiting for the next batch", "only a gpuprof run records"]),
-    ("Trace", ("no_workers",), 1, 5, ["Step time breakdown", "Timeline of a step"]),
-    ("Distributed", ("workers",), 0, 0, ["single process"]),
-    ("Compare", ("no_workers", "workers"), 2, 1, ["Bound by input", "Step time breakdown"]),
-)
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
-@pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
-def test_a_folder_of_plain_traces_shows_its_verdicts_in_chromium(sample_root, plugin_traces, tmp_path,
-                                                                 start_dashboard):
-    root = tmp_path / "logs"
-    shutil.copytree(sample_root / "baseline", root / "baseline")
-    for name in ("no_workers", "workers"):
-        shutil.copytree(plugin_traces[name], root / name)
-    server = start_dashboard(str(root))
-    with chromium_page() as page:
-        shown = {}
-        for name, runs, charts, tables, texts in TRACE_PAGES:
-            page.goto(f"{server.url}?{urlencode({'page': name, 'run': runs}, doseq=True)}")
-            shown[name] = rendered(page, charts, tables, texts)
-    assert server.ctrl_c() == 0
-    assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
-    runs_text = shown["Runs"]["text"]
-    assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text
 
 
 WAITS_FOR_CTRL_C = """
