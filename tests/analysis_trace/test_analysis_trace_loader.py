@@ -102,7 +102,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(document=json_values)
 def test_fuzzed_json_either_loads_or_raises_trace_format_error(tmp_path, document):
     path = tmp_path / "fuzz.json"
@@ -127,7 +127,7 @@ SMALL_TRACE = json.dumps(
 ).encode()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_bytes_of_a_real_trace_either_load_or_raise_trace_format_error(tmp_path, data):
     original = SMALL_TRACE
@@ -172,7 +172,7 @@ events_strategy = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=events_strategy)
 def test_fuzzed_event_lists_run_every_analysis_or_raise_trace_format_error(tmp_path, events):
     path = tmp_path / "fuzz.json"
