@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from gpuprof.analysis.run.stats import Interval, TooFewStepsError, loss_diverges, loss_shift_interval, speedup_interval
 from gpuprof.diagnoses.knob import all_knobs
@@ -46,8 +48,7 @@ class ScriptTarget:
 
     def command(self, run_dir: Path, knobs: tuple[str, ...], steps: int, extra: tuple[str, ...] = ()) -> list[str]:
         knob_flags = [flag for name in knobs for flag in ("--knob", name)]
-        # the script's first optimizer step finds the model and is not recorded; the next is warm-up
-        return [sys.executable, "-m", "gpuprof", "run", "--run-dir", str(run_dir), "--max-steps", str(steps + 1),
+        return [sys.executable, "-m", "gpuprof", "run", "--run-dir", str(run_dir), "--max-steps", str(steps),
                 *knob_flags, self.script, *self.args]
 
     def knobs(self) -> list[str]:
@@ -67,7 +68,7 @@ class WorkloadTarget:
     def command(self, run_dir: Path, knobs: tuple[str, ...], steps: int, extra: tuple[str, ...] = ()) -> list[str]:
         known = all_knobs()
         knob_flags = [flag for name in knobs for flag in known[name].train_flags]
-        return [sys.executable, "-m", "gpuprof", "train", *self.flags, *extra, *knob_flags, "--steps", str(steps + 1),
+        return [sys.executable, "-m", "gpuprof", "train", *self.flags, *extra, *knob_flags, "--steps", str(steps),
                 "--run-dir", str(run_dir)]
 
     def knobs(self) -> list[str]:
@@ -76,6 +77,15 @@ class WorkloadTarget:
     def flags_with(self, knobs: tuple[str, ...]) -> list[str]:
         known = all_knobs()
         return [*self.flags, *(flag for name in knobs for flag in known[name].train_flags)]
+
+
+def effect_of(speedup: Interval) -> str:
+    """faster, slower or within noise: the interval clears 1 and its point MIN_EFFECT_REL."""
+    if speedup.low > 1 and speedup.point >= 1 + MIN_EFFECT_REL:
+        return "faster"
+    if speedup.high < 1 and speedup.point <= 1 - MIN_EFFECT_REL:
+        return "slower"
+    return "within noise"
 
 
 @dataclass
@@ -100,14 +110,8 @@ class Trial:
 
     @property
     def effect(self) -> str | None:
-        """faster, slower or within noise (the interval and MIN_EFFECT_REL); None when not measured."""
-        if self.speedup is None:
-            return None
-        if self.speedup.low > 1 and self.speedup.point >= 1 + MIN_EFFECT_REL:
-            return "faster"
-        if self.speedup.high < 1 and self.speedup.point <= 1 - MIN_EFFECT_REL:
-            return "slower"
-        return "within noise"
+        """faster, slower or within noise; None when not measured."""
+        return None if self.speedup is None else effect_of(self.speedup)
 
     @property
     def helped(self) -> bool:
@@ -144,11 +148,12 @@ def launch(target, trial: Trial, steps: int, budget_s: float | None, extra: tupl
     """Runs the trial's child process to its end, or kills it at `budget_s`; its output goes to RUN_DIR.log."""
     run_dir = Path(trial.run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir.with_suffix(".log")
+    rank = os.environ.get("RANK", "0")  # under torchrun every rank runs its own child into the same run
+    log_path = run_dir.with_suffix(".log" if rank == "0" else f".rank{rank}.log")
     started = time.monotonic()
     with open(log_path, "w") as log:
         child = subprocess.Popen(target.command(run_dir, trial.knobs, steps, extra), stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True, env=_world_env(run_dir))
         try:
             code = child.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
@@ -162,6 +167,42 @@ def launch(target, trial: Trial, steps: int, budget_s: float | None, extra: tupl
         trial.status, trial.error = "timed out", f"stopped after its budget of {budget_s:.0f} s (log: {log_path})"
     elif code != 0:
         trial.status, trial.error = "failed", f"exit code {code}: {_last_line(log_path)} (log: {log_path})"
+
+
+def _world_env(run_dir: Path) -> dict:
+    """The child's environment. Under torchrun the ranks' children of one trial form a world of their own:
+    torchrun's agent store still holds the addresses of the world before (the baseline's), which the next
+    world's ranks would try to reach, so each trial's rank 0 child hosts a store of its own, on a port that
+    tune's rank 0 picks and leaves beside the trial's run (RUN_DIR.port) for the other ranks."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return dict(os.environ)
+    port_file = run_dir.with_suffix(".port")
+    if os.environ.get("RANK", "0") == "0":
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = str(sock.getsockname()[1])
+        partial = port_file.with_suffix(".port.partial")
+        partial.write_text(port)
+        partial.replace(port_file)  # whole or absent, never half-written
+    else:
+        port = await_file(port_file, lambda text, _: text.isdigit(), BUDGET_RANKS_S)
+        if port is None:
+            raise GpuprofError(f"rank 0 left no port for {run_dir.name} in {BUDGET_RANKS_S:.0f} s ({port_file})")
+    return {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": port}
+
+
+def await_file(path: Path, accept: Callable[[str, os.stat_result], bool], timeout_s: float) -> str | None:
+    """The text of `path` once it exists and `accept(text, its stat)`; None after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = path.read_text()
+            if accept(text, path.stat()):
+                return text
+        except OSError:
+            pass
+        time.sleep(RANK_POLL_S)
+    return None
 
 
 def wait_for_ranks(run_dir: Path, world_size: int, timeout_s: float) -> None:
@@ -207,6 +248,26 @@ def read(trial: Trial, baseline) -> "object | None":
             trial.status, trial.error = "failed", str(error)
     trial.parity = parity(baseline, report)
     return report
+
+
+def bracket(trial: Trial, report, before, after) -> None:
+    """Times a measured trial against the baseline runs either side of it (reports; `after` None when its
+    rerun failed): the interval spans both comparisons, so the machine's speed drifting between runs widens
+    it instead of reading as the knob's effect."""
+    if trial.status != "measured" or report is None:
+        return
+    times = report.summary.measured_step_times.to_numpy()
+    intervals = []
+    for baseline in (run for run in (before, after) if run is not None):
+        try:
+            intervals.append(speedup_interval(baseline.summary.measured_step_times.to_numpy(), times))
+        except TooFewStepsError:
+            continue
+    if not intervals:
+        return
+    points = [interval.point for interval in intervals]
+    trial.speedup = Interval(math.prod(points) ** (1 / len(points)), min(i.low for i in intervals),
+                             max(i.high for i in intervals), intervals[0].confidence)
 
 
 def parity(baseline, report) -> dict:

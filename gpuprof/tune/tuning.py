@@ -4,6 +4,9 @@
    mean step time (a pilot of PILOT_STEPS says how many; `steps` fixes it).
 2. Its findings, each with the knobs that apply its fix from outside (gpuprof.diagnoses.knob): one trial
    per knob, that knob alone. Findings with no such knob are listed with their fix, to make by hand.
+   After each trial the baseline runs again, and a trial is timed against the baseline runs either side
+   of it: runs follow one another, and a machine whose speed drifts between them would otherwise make a
+   knob that changes nothing read as faster or slower.
 3. One trial combining the knobs that helped (faster beyond the noise, loss curve not diverged), and for
    the reference workload its optimized variant; tune says where either is slower than one of its own
    knobs alone (their intervals apart).
@@ -13,16 +16,17 @@ The winning set (the fastest trial that helped) ends in the diff a user applies 
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gpuprof.analysis.run.stats import Interval, mean_interval, steps_needed
+import psutil
+
+from gpuprof.analysis.run.stats import Interval, TooFewStepsError, mean_interval, speedup_interval, steps_needed
 from gpuprof.diagnoses.knob import all_knobs, knobs_of
 from gpuprof.errors import GpuprofError
 from gpuprof.tune.edits import diff_of
-from gpuprof.tune.trials import Trial, WorkloadTarget, launch, read
+from gpuprof.tune.trials import Trial, WorkloadTarget, await_file, bracket, effect_of, launch, read
 
 PILOT_STEPS = 20
 MAX_STEPS = 200
@@ -30,6 +34,10 @@ TARGET_REL_HALF_WIDTH = 0.05
 # A trial may take this many times the baseline's wall time (compilation, workers starting) before it is stopped.
 BUDGET_FACTOR = 4.0
 BUDGET_MIN_S = 120.0
+# Under torchrun: how the ranks after 0 wait for rank 0 to claim the out folder (`_claim`).
+CLAIM_FILE = "tune.world"
+CLAIM_WAIT_S = 120.0
+CLAIM_CLOCK_SLACK_S = 2.0
 # An estimate that misses the measured saving by more than this factor is called out (docs/rules.md).
 ESTIMATE_MISS_FACTOR = 2.0
 
@@ -42,6 +50,7 @@ class TuneResult:
     baseline: Trial
     baseline_step_time: Interval | None
     trials: list[Trial] = field(default_factory=list)
+    baseline_reruns: list[Trial] = field(default_factory=list)  # the baseline again, after each trial
     by_hand: list[dict] = field(default_factory=list)  # findings whose fix no knob applies: rule, title, fix
     winner: Trial | None = None
     diff: str = ""
@@ -64,7 +73,8 @@ class TuneResult:
             "target": self.target, "out_dir": self.out_dir, "steps": self.steps, "conclusion": self.conclusion,
             "baseline": self.baseline.to_dict(),
             "baseline_step_time_s": self.baseline_step_time.to_dict() if self.baseline_step_time else None,
-            "trials": [trial.to_dict() for trial in self.trials], "by_hand": self.by_hand,
+            "trials": [trial.to_dict() for trial in self.trials],
+            "baseline_reruns": [rerun.to_dict() for rerun in self.baseline_reruns], "by_hand": self.by_hand,
             "winner": self.winner.name if self.winner else None, "diff": self.diff, "diff_notes": self.diff_notes,
             "notes": self.notes,
         }
@@ -73,9 +83,7 @@ class TuneResult:
 def tune(target, out_dir, *, steps: int | None = None, only: list[str] | None = None, budget_s: float | None = None,
          progress: Callable[[str], None] = lambda line: None) -> TuneResult:
     out = Path(out_dir)
-    # under torchrun rank 0 alone checks: the other ranks may look after it has begun writing the baseline
-    if os.environ.get("RANK", "0") == "0" and out.exists() and any(out.iterdir()):
-        raise GpuprofError(f"{out} is not empty: tune writes its trials into a folder of its own")
+    _claim(out)
     applicable = target.knobs()
     unknown = [name for name in only or () if name not in applicable]
     if unknown:
@@ -84,34 +92,95 @@ def tune(target, out_dir, *, steps: int | None = None, only: list[str] | None = 
     budget_s = budget_s or max(BUDGET_MIN_S, BUDGET_FACTOR * baseline.wall_s)
     result = TuneResult(target.title, str(out), steps, baseline, _step_time_interval(baseline_report))
     plan, result.by_hand = _plan(target, baseline_report.findings, only)
+    baselines = _Baselines(target, out, steps, budget_s, progress, result, first=baseline_report,
+                           latest=baseline_report)
     for knob_name, finding in plan:
         trial = Trial(knob_name, (knob_name,), str(out / knob_name), rule=finding.rule if finding else None,
                       estimate=_estimated_speedup(finding))
-        result.trials.append(_run(target, trial, baseline_report, steps, budget_s, progress))
+        result.trials.append(_run(target, trial, baselines))
     helped = [trial for trial in result.trials if trial.helped]
     if len(helped) > 1:
         combined = Trial("combined", tuple(name for trial in helped for name in trial.knobs), str(out / "combined"))
-        result.trials.append(_run(target, combined, baseline_report, steps, budget_s, progress))
+        result.trials.append(_run(target, combined, baselines))
     if isinstance(target, WorkloadTarget) and only is None:
         optimized = Trial("optimized", (), str(out / "optimized"))
-        result.trials.append(_run(target, optimized, baseline_report, steps, budget_s, progress,
-                                  extra=("--variant", "optimized")))
+        result.trials.append(_run(target, optimized, baselines, extra=("--variant", "optimized")))
     _conclude(target, result)
     return result
 
 
+@dataclass
+class _Baselines:
+    """The baseline's runs: the first, which every trial's numerics are held against, and the latest; rerun
+    after each trial, so that the next trial has one before it and each trial one either side."""
+
+    target: object
+    out: Path
+    steps: int
+    budget_s: float
+    progress: Callable[[str], None]
+    result: TuneResult
+    first: object
+    latest: object
+
+    def rerun_after(self, trial: Trial):
+        """The baseline run again after `trial`: its report, or None when that run failed (noted)."""
+        rerun = Trial(f"baseline-after-{trial.name}", (), str(self.out / f"baseline-after-{trial.name}"))
+        self.progress(f"baseline again: {self.steps} steps")
+        launch(self.target, rerun, self.steps, self.budget_s)
+        report = read(rerun, None)
+        self.result.baseline_reruns.append(rerun)
+        if rerun.status != "measured" or report is None:
+            self.result.notes.append(f"the baseline's run after {trial.name} {rerun.status}: {trial.name} is timed "
+                                     f"against the run before it alone ({rerun.error})")
+            return None
+        self._note_drift(trial, report)
+        self.latest = report
+        return report
+
+    def _note_drift(self, trial: Trial, report) -> None:
+        try:
+            drift = speedup_interval(self.latest.summary.measured_step_times.to_numpy(),
+                                     report.summary.measured_step_times.to_numpy())
+        except TooFewStepsError:
+            return
+        if effect_of(drift) != "within noise":
+            self.result.notes.append(
+                f"the machine's speed drifted around {trial.name}: the baseline ran {drift.point:.2f}x as fast after "
+                f"it as before (95% CI {drift.low:.2f}-{drift.high:.2f}x); its interval spans both")
+
+
+def _claim(out: Path) -> None:
+    """Makes `out` this tune's own folder. Under torchrun every rank runs tune into the same folder: rank 0
+    checks that it is empty and leaves a mark naming this world; the others write nothing before they see it."""
+    world = ":".join(os.environ.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                                                            "TORCHELASTIC_RESTART_COUNT"))
+    mark = out / CLAIM_FILE
+    if os.environ.get("RANK", "0") == "0":
+        if out.exists() and any(out.iterdir()):
+            raise GpuprofError(f"{out} is not empty: tune writes its trials into a folder of its own")
+        out.mkdir(parents=True, exist_ok=True)
+        mark.write_text(world)
+        return
+    started = psutil.Process().create_time()
+    # a mark left by an earlier tune of the same world is older than this process
+    if await_file(mark, lambda text, stat: text == world and stat.st_mtime >= started - CLAIM_CLOCK_SLACK_S,
+                  CLAIM_WAIT_S) is None:
+        raise GpuprofError(f"rank 0 did not claim {out} within {CLAIM_WAIT_S:.0f} s")
+
+
 def _baseline(target, out: Path, steps: int | None, budget_s, progress):
     """The baseline trial and its report, and the steps every trial runs: `steps`, else enough for a
-    ±TARGET_REL_HALF_WIDTH interval on the mean step time, from a pilot of PILOT_STEPS."""
-    baseline = Trial("baseline", (), str(out / "baseline"))
-    report = _measure_baseline(target, baseline, steps or PILOT_STEPS, budget_s, progress)
+    ±TARGET_REL_HALF_WIDTH interval on the mean step time, from a pilot of PILOT_STEPS (in out/pilot, which
+    is the baseline when it already has enough)."""
     if steps is not None:
-        return baseline, report, steps
+        baseline = Trial("baseline", (), str(out / "baseline"))
+        return baseline, _measure_baseline(target, baseline, steps, budget_s, progress), steps
+    pilot = Trial("baseline", (), str(out / "pilot"))
+    report = _measure_baseline(target, pilot, PILOT_STEPS, budget_s, progress)
     needed = min(MAX_STEPS, steps_needed(report.summary.measured_step_times.to_numpy(), TARGET_REL_HALF_WIDTH))
-    if needed <= baseline.measured_steps:
-        return baseline, report, PILOT_STEPS
-    shutil.move(baseline.run_dir, out / "pilot")
-    shutil.move(baseline.run_dir + ".log", out / "pilot.log")
+    if needed <= pilot.measured_steps:
+        return pilot, report, PILOT_STEPS
     baseline = Trial("baseline", (), str(out / "baseline"))
     return baseline, _measure_baseline(target, baseline, needed, budget_s, progress), needed
 
@@ -125,12 +194,16 @@ def _measure_baseline(target, baseline: Trial, steps: int, budget_s, progress):
     return report
 
 
-def _run(target, trial: Trial, baseline_report, steps: int, budget_s: float, progress, extra=()) -> Trial:
-    progress(f"trial {trial.name}: {steps} steps")
-    launch(target, trial, steps, budget_s, extra)
-    read(trial, baseline_report)
+def _run(target, trial: Trial, baselines: _Baselines, extra=()) -> Trial:
+    progress = baselines.progress
+    progress(f"trial {trial.name}: {baselines.steps} steps")
+    launch(target, trial, baselines.steps, baselines.budget_s, extra)
+    report = read(trial, baselines.first)
     if trial.status == "measured" and not isinstance(target, WorkloadTarget) and trial.knobs and not trial.edits:
         trial.status = "nothing to change"
+    if trial.status == "measured":
+        before = baselines.latest
+        bracket(trial, report, before, baselines.rerun_after(trial))
     progress(f"trial {trial.name}: {trial.status}"
              + (f", {trial.speedup.point:.2f}x ({trial.speedup.low:.2f}-{trial.speedup.high:.2f})" if trial.speedup else ""))
     return trial

@@ -67,13 +67,14 @@ def test_a_script_with_nothing_to_fix_reports_no_gain_outside_the_noise(tmp_path
     result = gpuprof_tune("--out", tmp_path / "plain", script, "--steps", 1000)
     interval = result["baseline_step_time_s"]
     assert interval["low"] <= interval["point"] <= interval["high"]
+    assert (tmp_path / "plain" / "pilot" / "meta.json").is_file()
     if result["steps"] > 20:  # the pilot fell short: the baseline was run again for that many steps
-        assert (tmp_path / "plain" / "pilot" / "meta.json").is_file()
+        assert result["baseline"]["run_dir"] == str(tmp_path / "plain" / "baseline")
         assert result["baseline"]["measured_steps"] >= 0.75 * result["steps"]  # warm-up left out
     assert result["winner"] is None and result["diff"] == ""
     assert all(trial["effect"] != "faster" for trial in result["trials"])
     # a knob that changes nothing on a CPU, measured anyway: its trial is within the noise
-    forced = gpuprof_tune("--steps", 12, "--only", "tf32", "--out", tmp_path / "tf32", script, "--steps", 40)
+    forced = gpuprof_tune("--steps", 40, "--only", "tf32", "--out", tmp_path / "tf32", script, "--steps", 100)
     tf32 = trials_of(forced)["tf32"]
     assert tf32["status"] == "measured" and tf32["speedup"] is not None
     assert tf32["effect"] == "within noise" and forced["winner"] is None
@@ -103,13 +104,14 @@ def test_under_torchrun_every_rank_runs_the_same_trials_as_one_world(tmp_path):
                 "--master_port", str(port), "-m"]
     done = subprocess.run(
         [*torchrun, "gpuprof", "tune", "--json", "--steps", "4", "--only", "gc-freeze", "--out", str(tmp_path / "tune"),
-         str(HERE.parent / "integrations" / "tiny_gpt2.py"), "--steps", "100", "--ddp"],
+         str(HERE / "ddp_mlp.py"), "--steps", "100"],
         capture_output=True, text=True, timeout=TUNE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)  # rank 0 alone prints
     trial = trials_of(result)["gc-freeze"]
     assert trial["status"] == "measured" and trial["speedup"] is not None
-    for name in ("baseline", "gc-freeze"):
+    assert (tmp_path / "tune" / "baseline.log").is_file() and (tmp_path / "tune" / "baseline.rank1.log").is_file()
+    for name in ("baseline", "gc-freeze", "baseline-after-gc-freeze"):
         run = gpuprof.load_run(tmp_path / "tune" / name)
         assert run.meta["model"]["wrapper"] == "DistributedDataParallel"
         assert sorted(run.steps["rank"].unique()) == [0, 1]

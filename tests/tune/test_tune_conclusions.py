@@ -1,9 +1,16 @@
-"""What tune concludes from measured trials: the winner, and composites slower than their own knobs."""
+"""What tune concludes from measured trials: the winner, composites slower than their own knobs, and a
+trial timed against the baseline runs either side of it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
 from gpuprof.analysis.run.stats import Interval
-from gpuprof.tune.trials import Trial, WorkloadTarget
+from gpuprof.tune.trials import Trial, WorkloadTarget, bracket
 from gpuprof.tune.tuning import TuneResult, _conclude
 
 
@@ -35,3 +42,30 @@ def test_a_knob_inside_the_noise_helps_nobody():
     _conclude(target, result)
     assert result.winner is None and [t.effect for t in result.trials] == ["within noise", "within noise"]
     assert result.conclusion == "No knob gained outside the noise (2 measured)"
+
+
+def timed(*step_times_s: float, n: int = 40, seed: int = 0):
+    """A report's stand-in for `bracket`: its measured step times only, n per given level, with 1 % noise."""
+    rng = np.random.default_rng(seed)
+    times = np.concatenate([level * (1 + 0.01 * rng.standard_normal(n)) for level in step_times_s])
+    return SimpleNamespace(summary=SimpleNamespace(measured_step_times=pd.Series(times)))
+
+
+def test_a_trial_between_a_slow_and_a_fast_baseline_run_is_within_the_noise_not_faster():
+    # the machine sped up 20 % across the trial, which changed nothing itself
+    measured = Trial("tf32", ("tf32",), "/runs/tf32", status="measured")
+    bracket(measured, timed(0.9, seed=1), timed(1.0, seed=2), timed(0.8, seed=3))
+    assert measured.speedup.low < 1 < measured.speedup.high and measured.effect == "within noise"
+    assert measured.speedup.point == pytest.approx(1.0, rel=0.02)
+
+
+def test_a_trial_faster_than_the_baseline_on_both_sides_is_faster():
+    measured = Trial("compile", ("compile",), "/runs/compile", status="measured")
+    bracket(measured, timed(0.7, seed=1), timed(1.0, seed=2), timed(0.98, seed=3))
+    assert measured.effect == "faster" and measured.speedup.low > 1.3
+
+
+def test_without_the_rerun_the_trial_is_timed_against_the_run_before_it():
+    measured = Trial("compile", ("compile",), "/runs/compile", status="measured")
+    bracket(measured, timed(0.5, seed=1), timed(1.0, seed=2), None)
+    assert measured.speedup.point == pytest.approx(2.0, rel=0.02)
