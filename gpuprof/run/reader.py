@@ -165,8 +165,12 @@ class Run:
         metas = {}
         for rank in self.ranks:
             path = self.path / schema.rank_dir_name(rank) / schema.RANK_META
-            if path.is_file():
+            if not path.is_file():
+                continue
+            try:
                 metas[rank] = read_meta(path, schema.RankMeta)
+            except RunFormatError as error:  # its records still count; its status is then the run's
+                left_out(error, rank, "meta.json")
         return metas
 
     @property
@@ -286,9 +290,9 @@ def checked(frame: pd.DataFrame, stream: str, path: Path) -> pd.DataFrame:
     return _with_columns(frame, stream)
 
 
-def left_out(error: DamagedFileError, rank: int) -> None:
-    """Says that this rank's file is not read (the report shows it in its notes)."""
-    warnings.warn(f"gpuprof: {error}; rank {rank} left out", stacklevel=3)
+def left_out(error: RunFormatError, rank: int, what: str = "") -> None:
+    """Says that this rank's file (or only `what` of it) is not read (the report shows it in its notes)."""
+    warnings.warn(f"gpuprof: {error}; rank {rank}{f' {what}' if what else ''} left out", stacklevel=3)
 
 
 def column_problem(stream: str, kinds: dict[str, str]) -> str | None:

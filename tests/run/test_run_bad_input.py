@@ -90,8 +90,8 @@ def test_a_bad_rank_meta_field_is_one_line(tmp_path):
     run_dir = copy_run("baseline", tmp_path)
     path = run_dir / "rank-0" / "meta.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "rank": "zero"}))
-    with pytest.raises(gpuprof.errors.RunFormatError, match="rank: expected int, got str"):
-        gpuprof.load_run(run_dir).rank_meta  # noqa: B018
+    with pytest.warns(UserWarning, match="rank: expected int, got str.*rank 0 meta.json left out"):
+        assert gpuprof.load_run(run_dir).rank_meta == {}
 
 
 @FUZZ
@@ -140,6 +140,18 @@ def test_a_damaged_rank_of_two_is_left_out_and_the_other_analysed(tmp_path, caps
     report = build_report(run_dir)
     assert report.summary.n_steps > 0 and report.summary.missing_ranks == [1] == report.summary.damaged_ranks
     assert report.verdict.missing != "readable steps"
+
+
+@pytest.mark.parametrize("damage", ["not json {", '{"status": 3, "rank": "one"}', "[]"])
+def test_a_damaged_rank_meta_leaves_that_ranks_meta_out_and_the_run_analysed(tmp_path, capsys, damage):
+    run_dir = copy_run("ddp-2rank", tmp_path)
+    (run_dir / "rank-1" / "meta.json").write_text(damage)
+    code, err, out = analyze(run_dir, capsys)
+    assert code == 0 and out.startswith("Verdict: ")
+    assert any("rank-1/meta.json: corrupt meta file" in line and "rank 1 meta.json left out" in line for line in err), err
+    report = build_report(run_dir)
+    assert sorted(report.run.steps["rank"].unique()) == [0, 1]  # its records still count
+    assert 1 not in report.run.rank_meta and 0 in report.run.rank_meta
 
 
 COLUMN_VALUES = st.one_of(st.text(min_size=1, max_size=4), st.lists(st.integers(), min_size=1, max_size=2),
