@@ -1,16 +1,14 @@
-"""A real tiny GPT-2 training loop for the capture tests; also a script for subprocess and torchrun runs.
+"""A real tiny GPT-2 training loop for the capture tests; also a script for subprocess runs.
 
-    python capture_loop.py RUN_DIR --steps 50 --sleep-s 0.1 [--ddp] [--nvml-notice-twice]
+    python capture_loop.py RUN_DIR --steps 50 --sleep-s 0.1 [--runs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import time
-from pathlib import Path
 
 import torch
 import transformers
@@ -105,20 +103,11 @@ def main() -> None:
     parser.add_argument("run_dir")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sleep-s", type=float, default=0.0)
-    parser.add_argument("--ddp", action="store_true")
-    parser.add_argument("--trace-steps", type=int, nargs=2)
     parser.add_argument("--runs", type=int, default=1, help="profiled runs in this one process")
     args = parser.parse_args()
-    if args.ddp:
-        torch.distributed.init_process_group("gloo")
-    trace = range(*args.trace_steps) if args.trace_steps else None
     for index in range(args.runs):
         run_dir = args.run_dir if args.runs == 1 else f"{args.run_dir}-{index}"
-        seen = train(run_dir, steps=args.steps, sleep_s=args.sleep_s, ddp=args.ddp, trace_steps=trace)
-        rank = int(os.environ.get("RANK", 0))
-        Path(f"{run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
-    if args.ddp:
-        torch.distributed.destroy_process_group()
+        train(run_dir, steps=args.steps, sleep_s=args.sleep_s)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ machine; for those, `write_gpu_run` writes a run through the real RunWriter.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -125,14 +126,25 @@ RECORDED = {
     "fsdp": (("--parallel", "fsdp", "--trace-steps", "3:5"), 2),
     "fsdp_no_reshard": (("--parallel", "fsdp", "--no-reshard-after-forward", "--trace-steps", "3:5"), 2),
 }
+# Runs of as many processes recorded by one torchrun job, one after the other (train_runs.py): a job
+# of its own costs the launcher and every rank importing torch and transformers again.
+RECORDED_TOGETHER = (("fsdp", "fsdp_no_reshard"),)
+TRAIN_RUNS = Path(__file__).with_name("train_runs.py")
 
 
-def train_command(run_dir, data, extra, n_procs) -> list[str]:
-    gpuprof = [sys.executable, "-m", "gpuprof", "train", *TRAIN, "--data", str(data), *extra, "--run-dir", str(run_dir)]
+def train_argv(run_dir, data, extra) -> list[str]:
+    return ["train", *TRAIN, "--data", str(data), *extra, "--run-dir", str(run_dir)]
+
+
+def train_command(argvs: list[list[str]], n_procs) -> list[str]:
+    """`gpuprof` with each of argvs: one process, a torchrun job, or for several runs one job of train_runs.py."""
     if n_procs == 1:
-        return gpuprof
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n_procs}", "-m"]
-    return launcher + gpuprof[2:]
+        (argv,) = argvs
+        return [sys.executable, "-m", "gpuprof", *argv]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n_procs}"]
+    if len(argvs) == 1:
+        return [*launcher, "-m", "gpuprof", *argvs[0]]
+    return [*launcher, str(TRAIN_RUNS), json.dumps(argvs)]
 
 
 class RecordedRuns:
@@ -154,15 +166,16 @@ class RecordedRuns:
 
     def path(self, name: str):
         run_dir = self.root / name
-        with FileLock(str(self.root / f"{name}.lock")):
+        together = next((names for names in RECORDED_TOGETHER if name in names), (name,))
+        with FileLock(str(self.root / f"{together[0]}.lock")):
             if not (run_dir / "meta.json").is_file():
-                extra, n_procs = RECORDED[name]
+                argvs = [train_argv(self.root / each, self.tokens(), RECORDED[each][0]) for each in together]
                 # One thread per process: tiny ops gain nothing from more, and spinning threads
                 # of concurrent test processes slow each other down on 2 cores.
                 env = {**os.environ, "OMP_NUM_THREADS": "1"}
-                result = subprocess.run(train_command(run_dir, self.tokens(), extra, n_procs),
+                result = subprocess.run(train_command(argvs, RECORDED[name][1]),
                                         capture_output=True, text=True, timeout=600, env=env)
-                assert result.returncode == 0, f"recording {name} failed:\n{result.stderr[-3000:]}"
+                assert result.returncode == 0, f"recording {', '.join(together)} failed:\n{result.stderr[-3000:]}"
         return run_dir
 
     def __getitem__(self, name: str):

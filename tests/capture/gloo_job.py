@@ -1,17 +1,24 @@
-"""A plain FSDP2 loop (fully_shard per GPT-2 block and on the root) under gpuprof.profile, for torchrun.
+"""The distributed capture tests' torchrun job: runs of the DDP capture loop and of a plain FSDP2 loop
+(fully_shard per GPT-2 block and on the root) under gpuprof.profile, one after the other.
 
-    torchrun --nproc_per_node 2 fsdp_loop.py OUT_DIR RUNS_JSON
-    RUNS_JSON: [{"name": "nan", "steps": 4, "nan_step": 3, "nan_rank": 1},
-                {"name": "collector", "steps": 5, "fail_step": 2, "fail_rank": 1, "fail_in": "collector"}, ...]
+    torchrun --nproc_per_node 2 gloo_job.py OUT_DIR RUNS_JSON
+    RUNS_JSON: [{"name": "nan", "loop": "fsdp", "steps": 4, "nan_step": 3, "nan_rank": 1},
+                {"name": "collector", "loop": "fsdp", "steps": 5, "fail_step": 2, "fail_rank": 1,
+                 "fail_in": "collector"}, ...,
+                {"name": "ddp", "loop": "ddp", "steps": 4, "trace_steps": [1, 3]}]
 
-One job, one process group, the runs one after the other, each a fresh model and a fresh
-gpuprof.profile in OUT_DIR/NAME (a job of its own costs two processes importing torch and
-transformers). At nan_step, rank nan_rank writes a NaN into its own shard of NAN_PARAM's gradient
-(right after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). At fail_step,
+One job, one process group, each run a fresh model and a fresh gpuprof.profile in OUT_DIR/NAME
+(a job of its own costs two processes importing torch and transformers).
+
+ddp: capture_loop.train under DistributedDataParallel, with the trace window [start, stop).
+fsdp: at nan_step, rank nan_rank writes a NaN into its own shard of NAN_PARAM's gradient (right
+after the reduce-scatter, through the hook FSDP2 calls on sharded parameters). At fail_step,
 gpuprof's own code fails on rank fail_rank (fail_in: the gradient collector's norms, the Profiler
 before or after the step's all-reduce, or the gradient collector after it); the function made to
-fail is put back when its run ends. What the loop itself saw (losses, clip_grad_norm_, per-block
-norms) goes to OUT_DIR/NAME.seen-rankN.json.
+fail is put back when its run ends.
+
+What the loop itself saw (losses, clip_grad_norm_ and, for fsdp, per-block norms) goes to
+OUT_DIR/NAME.seen-rankN.json.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import gpuprof
+import capture_loop
 from capture_loop import batch, tiny_model
 
 NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
@@ -64,8 +72,8 @@ def sharded_model():
     return model
 
 
-def train(run_dir: str, rank: int, *, steps: int, nan_step=None, nan_rank=None, fail_step=None, fail_rank=None,
-          fail_in="collector") -> None:
+def fsdp(run_dir: str, rank: int, *, steps: int, nan_step=None, nan_rank=None, fail_step=None,
+               fail_rank=None, fail_in="collector") -> dict:
     model = sharded_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     step_now = {"step": 0}
@@ -92,19 +100,28 @@ def train(run_dir: str, rank: int, *, steps: int, nan_step=None, nan_rank=None, 
                 optimizer.zero_grad(set_to_none=True)
             seen["losses"].append(float(loss))
             prof.step(loss=loss.detach(), tokens=inputs.numel())
-    Path(f"{run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
+    return seen
+
+
+def ddp(run_dir: str, rank: int, *, steps: int, trace_steps: list[int]) -> dict:
+    return capture_loop.train(run_dir, steps=steps, ddp=True, trace_steps=range(*trace_steps))
+
+
+LOOPS = {"ddp": ddp, "fsdp": fsdp}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
-    parser.add_argument("runs", type=json.loads, help="a JSON list of runs: name and train()'s options")
+    parser.add_argument("runs", type=json.loads, help="a JSON list of runs: name, loop and its options")
     args = parser.parse_args()
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
     for run in args.runs:
-        options = {key: value for key, value in run.items() if key != "name"}
-        train(f"{args.out_dir}/{run['name']}", rank, **options)
+        options = {key: value for key, value in run.items() if key not in ("name", "loop")}
+        run_dir = f"{args.out_dir}/{run['name']}"
+        seen = LOOPS[run["loop"]](run_dir, rank, **options)
+        Path(f"{run_dir}.seen-rank{rank}.json").write_text(json.dumps(seen))
     torch.distributed.destroy_process_group()
 
 
