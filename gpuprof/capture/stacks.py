@@ -26,9 +26,9 @@ _LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (torch.__file__
 def frame_list(frame) -> list[dict]:
     frames = []
     while frame is not None and len(frames) < FRAMES_KEPT:
-        code = frame.f_code
-        frames.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
-                       "code": linecache.getline(code.co_filename, frame.f_lineno).strip()})
+        code, line = frame.f_code, frame.f_lineno  # None while a frame runs an instruction of no line
+        frames.append({"file": code.co_filename, "line": line, "function": code.co_name,
+                       "code": linecache.getline(code.co_filename, line).strip() if line is not None else ""})
         frame = frame.f_back
     return frames[::-1]
 
