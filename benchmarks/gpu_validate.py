@@ -94,7 +94,6 @@ OVERHEAD_LOOPS = {
 }
 DEFAULT_LOOPS = tuple(OVERHEAD_LOOPS)[:3]  # every default on: the headline is the worst of these
 SYNC_LOOPS = DEFAULT_LOOPS
-SMALL_STEP_STEPS = 20
 # What the summary's ratios compare (optimized over baseline).
 RATIO_METRICS = ("step_time_p50_s", "tokens_per_s", "mfu", "peak_mem_allocated_bytes")
 # The culprit each fault has by construction (gpuprof/workloads/gpt2/faults.py).
@@ -130,6 +129,7 @@ class Plan:
     overhead_reps: int
     overhead_steps: int
     small_step_pairs: int
+    small_step_steps: int  # timed steps per block of the small-step loop
     sync_steps: int
     fault_batch_size: int
     fault_seq_len: int
@@ -137,10 +137,13 @@ class Plan:
 
 
 PLANS = {
-    "gpt2": Plan(batch_size=16, seq_len=1024, vocab_size=50304, micro_batch=8, overhead_reps=8,
-                 overhead_steps=10, small_step_pairs=15, sync_steps=5, fault_batch_size=4, fault_seq_len=256, matmul_size=8192),
-    "tiny": Plan(batch_size=8, seq_len=64, vocab_size=4096, micro_batch=4, overhead_reps=2,
-                 overhead_steps=2, small_step_pairs=2, sync_steps=3, fault_batch_size=4, fault_seq_len=64, matmul_size=512),
+    "gpt2": Plan(batch_size=16, seq_len=1024, vocab_size=50304, micro_batch=8, overhead_reps=8, overhead_steps=10,
+                 small_step_pairs=15, small_step_steps=20, sync_steps=5, fault_batch_size=4, fault_seq_len=256,
+                 matmul_size=8192),
+    # the dry run's: every section once, at the fewest tokens (bf16 steps are slow on a CPU without AMX)
+    "tiny": Plan(batch_size=4, seq_len=32, vocab_size=1024, micro_batch=2, overhead_reps=2, overhead_steps=2,
+                 small_step_pairs=2, small_step_steps=5, sync_steps=3, fault_batch_size=2, fault_seq_len=32,
+                 matmul_size=512),
 }
 
 
@@ -487,7 +490,7 @@ def section_overhead_small_step(bench: Bench) -> dict:
     """benchmarks/overhead.py's own small-step loop (tiny GPT-2, 4x64 tokens, loss outside the model, no
     clipping, fp32) on this device: the step is short, so gpuprof's host work per step weighs most."""
     args = argparse.Namespace(model="tiny", device=bench.args.device, dtype="fp32", batch=4, seq=64,
-                              steps=SMALL_STEP_STEPS, phases=False, loss="outside", no_clip=True)
+                              steps=bench.plan.small_step_steps, phases=False, loss="outside", no_clip=True)
     small = overhead.Bench(args, bench.runs / "overhead-small-step")
     pairs = small.pairs({}, bench.plan.small_step_pairs, "small step", verbose=True)
     return {**pairs.figures(), "loop": overhead.describe(args, small), "overhead_pct": 100 * (pairs.median_ratio() - 1)}

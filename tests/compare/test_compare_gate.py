@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuprof.cli import main
+
 # recording four runs on a loaded 2-core machine takes minutes, and the first test waits for it
 pytestmark = pytest.mark.timeout(1500)
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
@@ -57,16 +59,29 @@ def runs(tmp_path_factory):
     return root
 
 
-def gate(a, b, *extra) -> tuple[int, dict]:
-    result = gpuprof("compare", a, b, "--gate", "--json", *extra)
-    assert result.returncode in (0, 3, 4, 5), result.stderr
-    document = json.loads(result.stdout)
-    assert document["gate"]["exit_code"] == result.returncode
-    return result.returncode, document
+def compare(capsys, *args) -> tuple[int, str, str]:
+    """`gpuprof compare ARGS` through the CLI's entry in this process: exit code, stdout, stderr. (A fresh
+    interpreter per comparison would only repeat its start-up; test_another_model_size_is_not_comparable and
+    test_a_folder_without_runs_is_bad_input run the command in a real process.)"""
+    capsys.readouterr()
+    try:
+        code = main(["compare", *map(str, args)])
+    except SystemExit as exit:  # argparse's errors leave through sys.exit, as in `python -m gpuprof`
+        code = exit.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
-def test_the_same_loop_run_twice_is_not_a_regression(runs):
-    code, document = gate(runs / "same", runs / "again")
+def gate(capsys, a, b, *extra) -> tuple[int, dict]:
+    code, stdout, stderr = compare(capsys, a, b, "--gate", "--json", *extra)
+    assert code in (0, 3, 4, 5), stderr
+    document = json.loads(stdout)
+    assert document["gate"]["exit_code"] == code
+    return code, document
+
+
+def test_the_same_loop_run_twice_is_not_a_regression(runs, capsys):
+    code, document = gate(capsys, runs / "same", runs / "again")
     assert code != 3, document["conclusion"]
     assert code == 0 or document["gate"]["steps_needed"] > document["a"]["measured_steps"], document["gate"]
     assert document["contract"]["comparable"] and document["numerics"]["text"] == "numerics unchanged"
@@ -74,11 +89,11 @@ def test_the_same_loop_run_twice_is_not_a_regression(runs):
     assert step_time["name"] == "Step time, mean" and step_time["change"]["low"] <= 1.05
 
 
-def test_40_ms_of_host_work_per_step_is_slower_beyond_the_noise(runs, tmp_path):
+def test_40_ms_of_host_work_per_step_is_slower_beyond_the_noise(runs, capsys):
     """At load 30 the steps are ~300 ms, not 100: 40 ms is a 13 % slowdown whose interval lies above
     1 but not always past 1.05 (measured: 1.13× (1.03–1.22×) at 400 steps, docs/compare.md). The gate
     then says regression (3), or too noisy (5) with the steps that would tell, never a pass."""
-    code, document = gate(runs / "same", runs / "host_work")
+    code, document = gate(capsys, runs / "same", runs / "host_work")
     step_time = document["figures"][0]
     assert step_time["change"]["low"] > 1 and step_time["call"] == "A better", document["conclusion"]
     assert document["conclusion"].startswith("B is ") and " slower (95 % CI " in document["conclusion"]
@@ -87,9 +102,9 @@ def test_40_ms_of_host_work_per_step_is_slower_beyond_the_noise(runs, tmp_path):
         document["gate"]
 
 
-def test_a_slowdown_past_the_threshold_is_a_regression(runs, tmp_path):
+def test_a_slowdown_past_the_threshold_is_a_regression(runs, tmp_path, capsys):
     markdown = tmp_path / "comment.md"
-    code, document = gate(runs / "same", runs / "host_work", "--max-regression-pct", "0", "--markdown", markdown)
+    code, document = gate(capsys, runs / "same", runs / "host_work", "--max-regression-pct", "0", "--markdown", markdown)
     assert code == 3, document["gate"]
     assert document["gate"]["reason"].endswith("past the 0 % threshold")
     text = markdown.read_text()
@@ -97,28 +112,28 @@ def test_a_slowdown_past_the_threshold_is_a_regression(runs, tmp_path):
     assert "| Step time, mean |" in text
 
 
-def test_a_baseline_folder_pools_its_runs(runs, tmp_path):
+def test_a_baseline_folder_pools_its_runs(runs, tmp_path, capsys):
     baseline = tmp_path / "baseline"
     baseline.mkdir()
     for name in ("same", "again"):
         (baseline / name).symlink_to(runs / name)
-    code, document = gate(baseline, runs / "host_work", "--max-regression-pct", "0")
+    code, document = gate(capsys, baseline, runs / "host_work", "--max-regression-pct", "0")
     assert code == 3 and len(document["a"]["runs"]) == 2 and document["a"]["pooling"] == "pooled"
     assert document["a"]["measured_steps"] > STEPS  # both runs' steps
-    code, document = gate(baseline, runs / "host_work", "--baseline", "median", "--max-regression-pct", "0")
+    code, document = gate(capsys, baseline, runs / "host_work", "--baseline", "median", "--max-regression-pct", "0")
     assert code == 3 and document["a"]["pooling"] == "median" and document["a"]["measured_steps"] < STEPS
 
 
-def test_a_faster_b_passes():
+def test_a_faster_b_passes(capsys):
     """The recorded sample runs: optimized is faster than baseline, far beyond its noise."""
-    code, document = gate(SAMPLE_RUNS / "baseline", SAMPLE_RUNS / "optimized")
+    code, document = gate(capsys, SAMPLE_RUNS / "baseline", SAMPLE_RUNS / "optimized")
     assert code == 0 and document["conclusion"].startswith("B is ") and " faster (95 % CI " in document["conclusion"]
     precision = [d for d in document["contract"]["differences"] if d["term"] == "precision"]
     assert precision == [{"term": "precision", "group": "workload", "a": "fp32", "b": "bf16", "blocks": False}]
 
 
-def test_another_model_size_is_not_comparable(runs):
-    code, document = gate(runs / "same", runs / "other_size")
+def test_another_model_size_is_not_comparable(runs, capsys):
+    code, document = gate(capsys, runs / "same", runs / "other_size")
     assert code == 4
     blocking = {difference["term"] for difference in document["contract"]["differences"] if difference["blocks"]}
     assert {"parameters", "parameter shapes"} <= blocking
@@ -128,23 +143,23 @@ def test_another_model_size_is_not_comparable(runs):
     assert "parameter shapes: A " in text.stdout and "(blocks the comparison)" in text.stdout
 
 
-def test_the_text_leads_with_the_conclusion_and_shows_distributions(runs, tmp_path):
+def test_the_text_leads_with_the_conclusion_and_shows_distributions(runs, tmp_path, capsys):
     html = tmp_path / "compare.html"
-    result = gpuprof("compare", runs / "same", runs / "host_work", "--html", html)
-    assert result.returncode == 0, result.stderr  # without --gate, compare only reports
-    lines = result.stdout.splitlines()
+    code, stdout, stderr = compare(capsys, runs / "same", runs / "host_work", "--html", html)
+    assert code == 0, stderr  # without --gate, compare only reports
+    lines = stdout.splitlines()
     assert lines[0].startswith("B is ") and "numerics unchanged" in lines[0]
-    assert "Measured step times:" in result.stdout and any(line.startswith("  B |") for line in lines)
-    assert "None" not in result.stdout and "ratio_b_over_a" not in result.stdout
+    assert "Measured step times:" in stdout and any(line.startswith("  B |") for line in lines)
+    assert "None" not in stdout and "ratio_b_over_a" not in stdout
     page = html.read_text()
     assert html_escape(lines[0]) in page and "Comparability contract" in page and "plotly" in page
 
 
 @pytest.mark.parametrize("args", [("--max-regression-pct", "-1"), ("--baseline", "mean")])
-def test_bad_gate_input_is_one_line_and_exit_2(runs, args):
-    result = gpuprof("compare", runs / "same", runs / "again", "--gate", *args)
-    assert result.returncode == 2 and result.stdout == ""
-    assert len(result.stderr.strip().splitlines()) == 1 or "usage" in result.stderr
+def test_bad_gate_input_is_one_line_and_exit_2(runs, args, capsys):
+    code, stdout, stderr = compare(capsys, runs / "same", runs / "again", "--gate", *args)
+    assert code == 2 and stdout == ""
+    assert len(stderr.strip().splitlines()) == 1 or "usage" in stderr
 
 
 def test_a_folder_without_runs_is_bad_input(tmp_path, runs):

@@ -29,7 +29,8 @@ tests/scripts (corpus_patches.py holds the offline set-ups and the faults) or fr
 the test's PYTHONPATH. The function is called once, before `gpuprof run` starts the script; to
 patch a module the script imports later use `corpus_patches.after_import(name, fn)`.
 A ScriptRun has `.run` (gpuprof.load_run of its run directory, or None if none was written),
-`.returncode`, `.stdout`, `.stderr`, `.run_dir` and `.workdir`.
+`.returncode`, `.stdout`, `.stderr`, `.run_dir` and `.workdir`. `assert_recorded(result, steps)` checks
+that it finished and recorded `steps` steps with finite gradient norms, and returns its run.
 """
 
 from __future__ import annotations
@@ -140,6 +141,14 @@ def run_script(name: str, tmp_path: Path, script_args: list[str], patches=(), en
     if (run_dir / "meta.json").exists() or any(run_dir.glob("*/meta.json")):
         result.run = gpuprof.load_run(run_dir)
     return result
+
+
+def assert_recorded(result: ScriptRun, steps: int):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.run is not None and result.run.meta["status"] == "finished"
+    assert len(result.run.steps) == steps
+    assert np.isfinite(result.run.steps["grad_norm"]).all()
+    return result.run
 
 
 # ---------------------------------------------------------------------------------------------- nanoGPT

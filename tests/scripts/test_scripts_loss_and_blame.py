@@ -1,12 +1,13 @@
 """On nanoGPT's train.py, unmodified (its model returns `(logits, loss)`, its loop fetches the next batch
-between forward and backward): every step carries the loss, from the first iteration on, and at batch
-64 a NaN is blamed with its step, phase, module, op and cause. Faults are patched in at run time."""
+between forward and backward): it is recorded, every step carries the loss, from the first iteration on,
+and at batch 64 a NaN is blamed with its step, phase, module, op and cause. Faults are patched in at run time."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from numerics.numerics_helpers import events
-from script_corpus import run_nanogpt
+from script_corpus import assert_recorded, run_nanogpt
 
 from gpuprof.analysis.run import summarize
 
@@ -18,16 +19,27 @@ def nonfinite_event(result) -> dict:
     return event
 
 
-def test_ten_optimizer_steps_are_ten_rows_each_with_the_loss_backward_ran_on(tmp_path):
-    result = run_nanogpt(tmp_path, max_iters=9)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = result.run.steps
+@pytest.fixture(scope="module")
+def unpatched(tmp_path_factory):
+    """train.py as it is, iterations 0..9: what the two tests below read."""
+    return run_nanogpt(tmp_path_factory.mktemp("nanogpt"), max_iters=9)
+
+
+def test_nanogpt_train_py_is_recorded(unpatched):
+    assert "iter 9: loss" in unpatched.stdout  # the script ran as itself: iterations 0..9
+    run = assert_recorded(unpatched, steps=10)  # from the first iteration on
+    assert run.meta["model"]["class"] == "GPT"
+
+
+def test_ten_optimizer_steps_are_ten_rows_each_with_the_loss_backward_ran_on(unpatched):
+    assert unpatched.returncode == 0, unpatched.stderr[-3000:]
+    steps = unpatched.run.steps
     assert steps["step"].tolist() == list(range(10))  # iterations 0..9, the first included
-    printed = [float(line.split("loss ")[1].split(",")[0]) for line in result.stdout.splitlines()
+    printed = [float(line.split("loss ")[1].split(",")[0]) for line in unpatched.stdout.splitlines()
                if line.startswith("iter ")]
     np.testing.assert_allclose(steps["loss"], printed, atol=1e-4)  # the loss of the model's tuple
     assert (steps["tokens"] == 4 * 32).all() and np.isfinite(steps["grad_norm"]).all()
-    assert summarize(result.run).health["nonfinite_loss_steps"] == 0
+    assert summarize(unpatched.run).health["nonfinite_loss_steps"] == 0
 
 
 def test_an_lr_spike_in_the_first_iteration_is_blamed_at_batch_64(tmp_path):

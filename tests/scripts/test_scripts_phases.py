@@ -1,21 +1,40 @@
 """The phases and the verdict on real public scripts (script_corpus.py), slowed down and evaluating on
-purpose: data time is data wherever the script fetches, evaluation is its own phase and never host."""
+purpose: data time is data wherever the script fetches, evaluation is its own phase and never host.
+The Accelerate and Lightning examples' runs are also where each is checked to be recorded at all (a slowed
+loader or an extra validation changes no step: recording one run more of each would only repeat them)."""
 
 from __future__ import annotations
 
 import pytest
-from script_corpus import run_accelerate_clm, run_lightning_transformer, run_nanogpt
+from script_corpus import CLM_LINES, assert_recorded, run_accelerate_clm, run_lightning_transformer, run_nanogpt
 
 from gpuprof.report import build_report
 
 SLOW_GET_BATCH = "phase_patches:slow_memmap"
+ACCELERATE_DELAY_S = 0.2
 
 
-@pytest.fixture(autouse=True)
-def one_thread_per_process(monkeypatch):
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_per_process():
     """On a loaded machine of few cores, torch's OpenMP threads spinning against each other make a tiny
     model's step many times slower: one thread keeps the step the model's own."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def accelerate_slow_loader(tmp_path_factory):
+    """The Accelerate example, every DataLoader batch 0.2 s slower."""
+    return run_accelerate_clm(tmp_path_factory.mktemp("accelerate"),
+                              patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": ACCELERATE_DELAY_S})])
+
+
+@pytest.fixture(scope="module")
+def lightning_validating(tmp_path_factory):
+    """The Lightning example, 6 steps, validating every 2."""
+    return run_lightning_transformer(tmp_path_factory.mktemp("lightning"),
+                                     patches=[("phase_patches:validate_every", {"steps": 2})], max_steps=6)
 
 
 def recorded(result):
@@ -67,12 +86,18 @@ def test_nanogpt_periodic_evaluation_is_its_own_phase(tmp_path):
     assert report.summary.evaluation["steps_with_eval"] == verdict.evaluation["steps_with_eval"] >= 1
 
 
-def test_accelerate_example_slow_dataloader_and_epoch_end_evaluation(tmp_path):
+def test_accelerate_clm_example_is_recorded(accelerate_slow_loader):
+    result = accelerate_slow_loader
+    assert "eval perplexity" in result.stdout
+    run = assert_recorded(result, steps=3 * CLM_LINES // 2)  # 3 epochs, 2 lines a batch, the first included
+    assert run.steps["loss_finite"].all()  # what accelerator.backward() was given
+    assert run.meta["model"]["class"] == "GPT2LMHeadModel"
+
+
+def test_accelerate_example_slow_dataloader_and_epoch_end_evaluation(accelerate_slow_loader):
     """The Accelerate example fetches from its DataLoader before the forward and evaluates inline at each
     epoch's end: the loader's time is input, the evaluation its own phase, and the fix is the DataLoader's."""
-    delay_s = 0.2
-    report = recorded(run_accelerate_clm(tmp_path, patches=[("phase_patches:slow_dataloader_fetch",
-                                                             {"delay_s": delay_s})]))
+    report = recorded(accelerate_slow_loader)
     steps = report.run.steps
     evaluating = steps[steps["eval_time_s"].notna()]
     assert len(evaluating) == 2  # after epochs 1 and 2, in the next epoch's first step (the 3rd ends the run)
@@ -80,16 +105,20 @@ def test_accelerate_example_slow_dataloader_and_epoch_end_evaluation(tmp_path):
     # call, so that fetch is data; the evaluation call itself is eval
     assert (evaluating["eval_time_s"] > 0).all()
     # one slow batch a step; Accelerate fetches one ahead, so at an epoch's edges a step may hold none or two
-    assert measured(report)["data_time_s"].median() >= delay_s
+    assert measured(report)["data_time_s"].median() >= ACCELERATE_DELAY_S
     verdict = report.verdict
     assert verdict.bound == "input" and verdict.share_pct >= 50, verdict.why
     assert "Evaluation inside the loop is left out of the step's bound: 2 time(s)" in verdict.why
     assert "DataLoader(num_workers=4, pin_memory=True" in verdict.next_step and "gpuprof train" not in verdict.next_step
 
 
-def test_lightning_validation_is_eval_not_host(tmp_path):
-    report = recorded(run_lightning_transformer(tmp_path, patches=[("phase_patches:validate_every", {"steps": 2})],
-                                                max_steps=6))
+def test_lightning_transformer_example_is_recorded(lightning_validating):
+    run = assert_recorded(lightning_validating, steps=6)
+    assert run.meta["model"]["class"] == "LanguageModel"
+
+
+def test_lightning_validation_is_eval_not_host(lightning_validating):
+    report = recorded(lightning_validating)
     steps = report.run.steps
     assert steps["eval_time_s"].notna().sum() >= 2
     assert report.summary.evaluation and report.verdict.bound != "host", report.verdict.why
