@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 from tiny_gpt2 import BATCH, SEQ, assert_phases_cover_the_steps
 
 import gpuprof
+from gpuprof.cli import main
 
 HERE = Path(__file__).parent
 
@@ -27,24 +29,48 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bare_run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300)
+# The scripts' command lines that tests here also run bare, to compare what they print.
+PLAIN_LOOP = (HERE / "tiny_gpt2.py", "--steps", "5", "--accumulation", "2")
+TWO_OPTIMIZERS = (HERE / "tiny_gpt2.py", "--steps", "4", "--accumulation", "1", "--muon")
+COMPILED = (HERE / "tiny_gpt2.py", "--steps", "3", "--accumulation", "1", "--compile")
+SCALER_LOOP = (HERE / "scaler_loop.py", "--iterations", "8", "--inf-iteration", "5")
+BARE_RUNNER = """import json, runpy, sys
+command_lines, separator = json.loads(sys.argv[1]), sys.argv[2]
+for argv in command_lines:
+    sys.argv = argv
+    runpy.run_path(argv[0], run_name="__main__")
+    print(separator, flush=True)
+"""
+HAS_MUON = hasattr(torch.optim, "Muon")
 
 
-def recorded_like_bare(run_dir, *script_args):
+@pytest.fixture(scope="module")
+def bare_stdout() -> dict[tuple, str]:
+    """What each of the scripts above prints run bare by Python, one after the other in one interpreter
+    (each seeds itself; one start-up instead of one each): command line -> stdout."""
+    scripts = [PLAIN_LOOP, *[TWO_OPTIMIZERS] * HAS_MUON, SCALER_LOOP, COMPILED]
+    separator = "-- end of a bare run --"
+    done = subprocess.run([sys.executable, "-c", BARE_RUNNER, json.dumps([[*map(str, args)] for args in scripts]),
+                           separator], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *outputs, rest = done.stdout.split(f"{separator}\n")
+    assert rest == "" and len(outputs) == len(scripts), done.stdout
+    return dict(zip(scripts, outputs))
+
+
+def recorded_like_bare(run_dir, bare_stdout, script_args):
     """The script run under `gpuprof run`, checked to print what it prints bare; its run."""
     done = gpuprof_run("--run-dir", run_dir, *script_args)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == bare_run(*script_args).stdout
+    assert done.stdout == bare_stdout[script_args]
     return gpuprof.load_run(run_dir)
 
 
-def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
-    script_args = [HERE / "tiny_gpt2.py", "--steps", "5", "--accumulation", "2"]
-    done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
+def test_a_plain_loop_is_recorded_without_a_change(tmp_path, bare_stdout):
+    done = gpuprof_run("--run-dir", tmp_path / "run", *PLAIN_LOOP)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("loss") == 5  # the script ran as itself, with its own arguments
-    assert done.stdout == bare_run(*script_args).stdout  # and its losses are those of a bare run
+    assert done.stdout == bare_stdout[PLAIN_LOOP]  # and its losses are those of a bare run
     run = gpuprof.load_run(tmp_path / "run")
     steps = run.steps
     assert steps["step"].tolist() == [0, 1, 2, 3, 4]  # from the first iteration on
@@ -61,9 +87,9 @@ def test_a_plain_loop_is_recorded_without_a_change(tmp_path):
     assert run.meta["config"]["args"] == ["--steps", "5", "--accumulation", "2"]
 
 
-@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is torch 2.9+")
-def test_a_loop_stepping_two_optimizers_is_recorded_with_both(tmp_path):
-    run = recorded_like_bare(tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "4", "--accumulation", "1", "--muon")
+@pytest.mark.skipif(not HAS_MUON, reason="torch.optim.Muon is torch 2.9+")
+def test_a_loop_stepping_two_optimizers_is_recorded_with_both(tmp_path, bare_stdout):
+    run = recorded_like_bare(tmp_path / "run", bare_stdout, TWO_OPTIMIZERS)
     # two optimizers: their order is known once both stepped, so recording starts after the first iteration
     assert run.steps["step"].tolist() == [0, 1, 2]
     assert run.meta["config"]["first_iteration"].startswith("not recorded")
@@ -74,9 +100,8 @@ def test_a_loop_stepping_two_optimizers_is_recorded_with_both(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_compiled_model_is_recorded_and_compiles_as_without_gpuprof(tmp_path):
-    run = recorded_like_bare(tmp_path / "run", HERE / "tiny_gpt2.py", "--steps", "3", "--accumulation", "1",
-                             "--compile")
+def test_a_compiled_model_is_recorded_and_compiles_as_without_gpuprof(tmp_path, bare_stdout):
+    run = recorded_like_bare(tmp_path / "run", bare_stdout, COMPILED)
     assert run.meta["model"]["wrapper"] == "OptimizedModule" and run.meta["loop"]["model"]["compiled"]
     assert run.steps["step"].tolist() == [0, 1, 2] and (run.steps["grad_norm"] > 0).all()
 
@@ -91,10 +116,11 @@ def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
     assert run.steps["step"].tolist() == [0, 1, 2]
 
 
-def test_a_missing_script_is_one_line_and_exit_code_2(tmp_path):
-    done = gpuprof_run(tmp_path / "nope.py")
-    assert done.returncode == 2
-    assert done.stderr.strip().count("\n") == 0 and "no such script" in done.stderr
+def test_a_missing_script_is_one_line_and_exit_code_2(tmp_path, capsys):
+    """Through the CLI's entry in this process: the other tests here run `gpuprof run` as a real process."""
+    assert main(["run", str(tmp_path / "nope.py")]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.strip().count("\n") == 0 and "no such script" in stderr
 
 
 def test_a_trainer_script_gets_the_callback(tmp_path):
@@ -129,13 +155,12 @@ def test_torchrun_ranks_share_one_default_run_dir(tmp_path):
     assert sorted(run.steps.groupby("rank")["step"].count().items()) == [(0, 3), (1, 3)]  # from the first iteration on
 
 
-def test_a_grad_scaler_and_lr_scheduler_are_found_and_skipped_steps_are_steps(tmp_path):
+def test_a_grad_scaler_and_lr_scheduler_are_found_and_skipped_steps_are_steps(tmp_path, bare_stdout):
     """torch keeps no registry of GradScalers or schedulers: they are found in the script's frame. A step
     the scaler skips runs no optimizer.step(), so with a scaler each step ends at scaler.update()."""
-    script_args = [HERE / "scaler_loop.py", "--iterations", "8", "--inf-iteration", "5"]
-    done = gpuprof_run("--run-dir", tmp_path / "run", *script_args)
+    done = gpuprof_run("--run-dir", tmp_path / "run", *SCALER_LOOP)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == bare_run(*script_args).stdout
+    assert done.stdout == bare_stdout[SCALER_LOOP]
     steps = gpuprof.load_run(tmp_path / "run").steps.set_index("step")
     assert steps.index.tolist() == list(range(8))  # step 0 is the first iteration
     assert steps["step_skipped"].tolist() == [False] * 5 + [True, False, False]
