@@ -47,7 +47,7 @@ def test_dashboard_serves_runs_on_localhost_and_stops_on_ctrl_c(sample_root, tmp
 
 # What a page must show once rendered: runs selected in the URL, charts drawn (at least), tables, and texts.
 PAGES = (
-    ("Runs", (), 0, 1, ["Recorded on"]),
+    ("Runs", (), 0, 1, ["Recorded on", "plain trace", "gpuprof run", "Bound by input"]),  # runs beside plain traces
     ("Run", ("slow-data",), 6, 0, ["Diagnoses", "Step time by phase"]),
     ("Numerics", ("nan",), 1, 0, ["Numerics"]),
     ("Trace", ("snap",), 1, 5, ["Timeline of a step"]),
@@ -106,9 +106,8 @@ def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, fo
     return folder
 
 
-# Plain traces beside gpuprof runs: (page, runs, charts, tables, texts).
+# The pages of plain traces (their Runs page is the folder's, above): (page, runs, charts, tables, texts).
 TRACE_PAGES = (
-    ("Runs", (), 0, 1, ["plain trace", "gpuprof run", "Bound by input"]),
     ("Run", ("no_workers",), 1, 0, ["Bound by input", "waiting for the next batch", "only a gpuprof run records"]),
     ("Trace", ("no_workers",), 1, 5, ["Step time breakdown", "Timeline of a step"]),
     ("Distributed", ("workers",), 0, 0, ["single process"]),
@@ -145,7 +144,7 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
     assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
     assert set(shown) == {"Runs", "Run", "Numerics", "Trace", "Timeline", "Memory", "Distributed", "Compare",
                           *(f"plain traces: {name}" for name, *_ in TRACE_PAGES)}
-    runs_text = shown["plain traces: Runs"]["text"]
+    runs_text = shown["Runs"]["text"]
     assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text
     (tmp_path / "run_page.png").write_bytes(screenshot)
     from PIL import Image
