@@ -41,6 +41,9 @@ class StepState:
     tokens: torch.Tensor | int | None = None
     grad_norm: torch.Tensor | float | None = None
     batch: Any = None  # what prof.step(batch=...) was given
+    # the sum of the losses backward() ran on this step, when prof.step() was given a loss of its own
+    # (gpuprof.capture.losses): a micro-batch's loss the loop did not pass is still watched
+    backward_loss: torch.Tensor | float | None = None
 
 
 class Collector:

@@ -360,8 +360,10 @@ class Profiler:
         if self._backward is not None and self.phase_hooks.backward_unfinished:
             self._backward.attach()  # the parameters it kept watching were not reached this step
         backward_loss = self._losses.take()
-        loss = backward_loss if loss is None else loss
-        state = StepState(step=self.step_index, loss=one_loss(loss), tokens=tokens, batch=batch)
+        given = loss is not None
+        loss = loss if given else backward_loss
+        state = StepState(step=self.step_index, loss=one_loss(loss), tokens=tokens, batch=batch,
+                          backward_loss=one_loss(backward_loss) if given else None)
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
             "loss": state.loss, "tokens": tokens,

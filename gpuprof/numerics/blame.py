@@ -29,7 +29,9 @@ class Blame:
     source: str | None = None  # "path.py:123 in function: code"
     micro_batch: int | None = None
     tensor: str | None = None  # the parameter / optimizer-state entry, for phase state/optimizer
-    trigger: str | None = None  # what the always-on flags saw: "loss", "grads", "params", "optimizer_state"
+    # what the always-on flags saw: "loss", "backward_loss" (a loss backward() ran on that the loop did not
+    # pass to prof.step()), "grads", "params", "optimizer_state", "scaler_overflow"
+    trigger: str | None = None
     cause: dict[str, Any] | None = None  # an earlier step to look at, e.g. an oversized update
     bundle: str | None = None
     kept_state: str | None = None  # keep_state "when_bad": what of the state was kept where (numerics budget.py)

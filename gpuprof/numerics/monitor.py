@@ -1,7 +1,8 @@
 """The numerics collector: always-on finiteness flags, and forensics on the first bad step.
 
 Per step, on the device and without a host sync, one small vector of watched values whose
-non-finiteness is the flag: the loss; the global gradient norm (the gradient collector's; with
+non-finiteness is the flag: the loss; the losses backward() ran on, when the loop passed prof.step()
+a loss of its own (a micro-batch's it did not pass); the global gradient norm (the gradient collector's; with
 a GradScaler its skips decide instead, see _OverflowStreak); every `state_interval` steps the
 largest |parameter| and |optimizer state|; then the largest |weight| at the start of the step
 (to point back at an oversized update). The state the step starts from (StateKeeper) is frozen
@@ -29,7 +30,7 @@ from gpuprof.numerics.tape import Tape, autocast_now
 from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
 from gpuprof.run.schema import EventKind
 
-_FLAGS = ("loss", "grads", "params", "optimizer_state", "scaler_overflow")
+_FLAGS = ("loss", "backward_loss", "grads", "params", "optimizer_state", "scaler_overflow")
 
 
 class NonFiniteError(RuntimeError):
@@ -189,7 +190,7 @@ class NumericsMonitor:
             persistent = self._overflow.update(self.scaler)
             overflow = torch.where(persistent, self._inf, self._zero) if persistent is not None else None
         grads = state.grad_norm if self.scaler is None else None  # with a scaler, its skips decide
-        values = [state.loss, grads, params, optimizer, overflow]
+        values = [state.loss, state.backward_loss, grads, params, optimizer, overflow]
         if self._prof.device.type == "cpu":
             return [_host_float(value) for value in values]
         return torch.stack([_device_float(value, self._zero, self._inf) for value in values])
