@@ -22,7 +22,7 @@ import pytest
 from gpuprof.cli import main
 
 # recording four runs on a loaded 2-core machine takes minutes, and the first test waits for it
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
 STEPS = 300  # at load 30 the steps drift together in blocks of ~13: fewer tell 40 ms from the noise too seldom
 VOCAB_SIZE = 256

@@ -11,6 +11,8 @@ from script_corpus import assert_recorded, run_nanogpt
 
 from gpuprof.analysis.run import summarize
 
+pytestmark = pytest.mark.slow  # real scripts in child processes
+
 BATCH_64 = dict(batch_size=64, block_size=32)
 
 

@@ -10,6 +10,8 @@ from script_corpus import CLM_LINES, assert_recorded, run_accelerate_clm, run_li
 
 from gpuprof.report import build_report
 
+pytestmark = pytest.mark.slow  # real scripts in child processes
+
 SLOW_GET_BATCH = "phase_patches:slow_memmap"
 ACCELERATE_DELAY_S = 0.2
 
