@@ -20,6 +20,8 @@ from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.ranks import analyze_ranks
 from gpuprof.analysis.trace.tables import TABLE_TITLES as TABLES
 
+pytestmark = pytest.mark.slow  # multi-process
+
 WORLD = 16  # ranks written: enough for several files per worker and two halves of each source
 SOURCE_WORLD = 128  # sampled_world128's own world size
 # Beside the checkout, or where GPUPROF_SHARED_TRACES says (a worktree), as conftest.py finds them.

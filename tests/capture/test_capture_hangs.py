@@ -26,6 +26,8 @@ import gpuprof
 from gpuprof.cli import main
 from gpuprof.report import build_report
 
+pytestmark = pytest.mark.slow  # multi-process
+
 LOOP = Path(__file__).with_name("faulty_ddp_loop.py")
 JOB_BOUND_S = 420  # the whole job, start-up of two torch processes on a loaded machine included
 # The watchdog beats every timeout / 4 and calls a rank silent after 3 beats: at 10 s, a loaded

@@ -157,6 +157,8 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
 WAITS_FOR_CTRL_C = """
 import time
 
+pytestmark = pytest.mark.slow  # a real browser against a real server
+
 
 def test_serves_until_interrupted(start_dashboard, tmp_path):
     server = start_dashboard(str(tmp_path))

@@ -16,6 +16,8 @@ from gpuprof.numerics import device_copy, keeping
 from gpuprof.numerics.device_keeper import ConditionalKeeper
 from gpuprof.numerics.state import StateKeeper
 
+pytestmark = pytest.mark.slow  # the Triton interpreter
+
 pytest.importorskip("triton")
 
 KERNELS = "gpuprof.numerics.device_copy_kernels"
