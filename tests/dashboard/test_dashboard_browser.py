@@ -22,6 +22,8 @@ import pytest
 from gpuprof.diagnoses import diagnose
 from gpuprof.run.reader import load_run
 
+pytestmark = pytest.mark.slow  # a real browser against a real server
+
 try:
     from playwright.sync_api import sync_playwright
 except ImportError:  # the `test` extra installs it
@@ -156,8 +158,6 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
 
 WAITS_FOR_CTRL_C = """
 import time
-
-pytestmark = pytest.mark.slow  # a real browser against a real server
 
 
 def test_serves_until_interrupted(start_dashboard, tmp_path):
