@@ -1,36 +1,21 @@
-"""`gpuprof tune` on unmodified scripts: real child processes, real trials, measured on this (loaded) machine.
+"""`gpuprof tune` on unmodified scripts: real child processes, real trials, measured on this (loaded) machine:
+a knob that helps, and the knobs' edits.
 
 The children run with one torch thread: on 2 cores shared with other jobs, more threads only add noise."""
 
 from __future__ import annotations
 
 import ast
-import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from tune_cli import HERE, TUNE_TIMEOUT_S, gpuprof_tune, trials_of
 
 import gpuprof
 from gpuprof.tune.edits import apply_edits
-
-HERE = Path(__file__).parent
-TUNE_TIMEOUT_S = 1200
-
-
-def gpuprof_tune(*args) -> dict:
-    done = subprocess.run([sys.executable, "-m", "gpuprof", "tune", "--json", *map(str, args)], capture_output=True,
-                          text=True, timeout=TUNE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
-def trials_of(result: dict) -> dict:
-    return {trial["name"]: trial for trial in result["trials"]}
 
 
 @pytest.mark.slow
@@ -57,65 +42,6 @@ def test_a_loader_in_the_main_process_over_a_slow_dataset_gets_workers_measured_
     assert (tmp_path / "tune" / "baseline" / "meta.json").is_file()  # every trial's run is kept
     page = (tmp_path / "tune.html").read_text()
     assert "<td>loader-workers</td>" in page and "num_workers=" in page
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(TUNE_TIMEOUT_S)
-def test_a_script_with_nothing_to_fix_reports_no_gain_outside_the_noise(tmp_path):
-    script = HERE / "clean_loop.py"
-    # no --steps: a pilot of 20 says how many steps a ±5 % interval on the mean step time takes
-    result = gpuprof_tune("--out", tmp_path / "plain", script, "--steps", 1000)
-    interval = result["baseline_step_time_s"]
-    assert interval["low"] <= interval["point"] <= interval["high"]
-    assert (tmp_path / "plain" / "pilot" / "meta.json").is_file()
-    if result["steps"] > 20:  # the pilot fell short: the baseline was run again for that many steps
-        assert result["baseline"]["run_dir"] == str(tmp_path / "plain" / "baseline")
-        assert result["baseline"]["measured_steps"] >= 0.75 * result["steps"]  # warm-up left out
-    assert result["winner"] is None and result["diff"] == ""
-    assert all(trial["effect"] != "faster" for trial in result["trials"])
-    # a knob that changes nothing on a CPU, measured anyway: its trial is within the noise
-    # windows of ~4 s: bursts of other load on the machine average out within each run
-    forced = gpuprof_tune("--steps", 100, "--only", "tf32", "--out", tmp_path / "tf32", script, "--steps", 200)
-    tf32 = trials_of(forced)["tf32"]
-    assert tf32["status"] == "measured" and tf32["speedup"] is not None
-    assert tf32["effect"] == "within noise" and forced["winner"] is None
-    assert forced["conclusion"] == "No knob gained outside the noise (1 measured)"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(TUNE_TIMEOUT_S)
-# not on purpose: gpuprof's gradient-norm collector cannot read sparse gradients and switches itself off
-@pytest.mark.capture_may_switch_off
-def test_a_trial_that_fails_is_reported_and_the_next_one_runs(tmp_path):
-    result = gpuprof_tune("--steps", 5, "--only", "fused-optimizer,gc-freeze", "--out", tmp_path / "tune",
-                          HERE / "sparse_sgd.py", "--steps", 40)
-    fused, frozen = trials_of(result)["fused-optimizer"], trials_of(result)["gc-freeze"]
-    assert fused["status"] == "failed" and "sparse" in fused["error"]
-    assert fused["speedup"] is None
-    assert frozen["status"] == "measured" and frozen["parity"]["status"] == "identical"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(TUNE_TIMEOUT_S)
-def test_under_torchrun_every_rank_runs_the_same_trials_as_one_world(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(port), "-m"]
-    done = subprocess.run(
-        [*torchrun, "gpuprof", "tune", "--json", "--steps", "4", "--only", "gc-freeze", "--out", str(tmp_path / "tune"),
-         str(HERE / "ddp_mlp.py"), "--steps", "100"],
-        capture_output=True, text=True, timeout=TUNE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)  # rank 0 alone prints
-    trial = trials_of(result)["gc-freeze"]
-    assert trial["status"] == "measured" and trial["speedup"] is not None
-    assert (tmp_path / "tune" / "baseline.log").is_file() and (tmp_path / "tune" / "baseline.rank1.log").is_file()
-    for name in ("baseline", "gc-freeze", "baseline-after-gc-freeze"):
-        run = gpuprof.load_run(tmp_path / "tune" / name)
-        assert run.meta["model"]["wrapper"] == "DistributedDataParallel"
-        assert sorted(run.steps["rank"].unique()) == [0, 1]
 
 
 @pytest.mark.slow
