@@ -1,19 +1,10 @@
-"""Checks every test run (capture never switches itself off unless the test asks for it), and orders
-the tests for two workers."""
+"""Checks every test run: capture never switches itself off unless the test asks for it."""
 
 from __future__ import annotations
 
 import pytest
 
 SWITCHED_OFF = ("collector_disabled", "profiler_disabled")
-
-
-def pytest_collection_modifyitems(items):
-    """Files holding a `slow` test run first, each file kept whole: scripts/test.sh hands whole files to
-    its two workers (--dist loadfile, so a file's module fixtures are set up once), and a long file
-    started last would leave one worker idle while the other finishes it."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
 
 
 @pytest.hookimpl(wrapper=True)
