@@ -1,10 +1,20 @@
-"""Checks every test run: capture never switches itself off unless the test asks for it."""
+"""Checks every test run (capture never switches itself off unless the test asks for it), and orders
+the test files for two workers."""
 
 from __future__ import annotations
 
 import pytest
 
 SWITCHED_OFF = ("collector_disabled", "profiler_disabled")
+
+
+def pytest_collection_modifyitems(items):
+    """Files holding a `slow` test come first, each file kept whole. scripts/test.sh hands whole files
+    to two workers in collection order (--dist loadfile --no-loadscope-reorder; xdist would otherwise
+    order them by their number of tests, which puts the few-test, longest files last), so a long file
+    never starts when the other worker is nearly done."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
 
 
 @pytest.hookimpl(wrapper=True)
