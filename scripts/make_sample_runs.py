@@ -9,6 +9,8 @@ short torch.profiler trace window:
   nan           a NaN injected into the token embedding part-way through
   slow-data     a data loader slowed on purpose (the dataloader rule fires)
   ddp-2rank     two ranks under torchrun with gloo, rank 1 slowed (a straggler)
+  tune          `gpuprof tune` of the slow-data workload: its loader and optimizer knobs measured (a folder
+                of the trials' runs and tune.json, for the Tune page)
 Runs are recorded into a temporary folder and moved into place only when all succeed.
 """
 
@@ -30,8 +32,12 @@ COMMON = ["--model", "tiny", "--device", "cpu"]
 
 
 def train_command(name: str, steps: int) -> list[str]:
-    """The command that records sample run `name` with `steps` optimizer steps."""
-    train = [*COMMON, "--steps", str(steps), "--trace-steps", f"{steps - 4}:{steps - 2}"]
+    """The command that records sample run `name` with `steps` optimizer steps into ./`name` (relative,
+    so the recorded config names no temporary folder)."""
+    if name == "tune":
+        return [sys.executable, "-m", "gpuprof", "tune", "--steps", str(steps), "--only",
+                "loader-workers,fused-optimizer", "--out", name, "--train", *COMMON, "--data-delay-ms", "1000"]
+    train = [*COMMON, "--steps", str(steps), "--trace-steps", f"{steps - 4}:{steps - 2}", "--run-dir", name]
     gpuprof = [sys.executable, "-m", "gpuprof", "train"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "gpuprof", "train"]
@@ -45,7 +51,7 @@ def train_command(name: str, steps: int) -> list[str]:
     }[name]
 
 
-SAMPLE_RUNS = ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")
+SAMPLE_RUNS = ("baseline", "optimized", "nan", "slow-data", "ddp-2rank", "tune")
 
 
 def drop_large_bundles(staging: Path) -> None:
@@ -60,8 +66,7 @@ def record(names: list[str], out: Path, steps: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".sample-runs-") as staging:
         for name in names:
-            # a relative --run-dir, so the recorded config names no temporary folder
-            command = [*train_command(name, steps), "--run-dir", name]
+            command = train_command(name, steps)
             print(f"recording {name}: {' '.join(command[1:])}", flush=True)
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
             subprocess.run(command, check=True, cwd=staging, env=env, stdout=subprocess.DEVNULL)

@@ -65,86 +65,59 @@ def run(args: argparse.Namespace) -> int:
                   progress=lambda line: talks and print(f"gpuprof tune: {line}", file=sys.stderr, flush=True))
     if not talks:
         return 0
+    plain = json_safe(result.to_dict())
     if args.html is not None:
-        args.html.write_text(render_html(result), encoding="utf-8")
+        args.html.write_text(render_html(plain), encoding="utf-8")
     if args.json:
-        print_json("tune", json_safe(result.to_dict()))
+        print_json("tune", plain)
     else:
-        render(result)
+        render(plain)
     return 0
 
 
-HEADERS = ("trial", "estimate", "measured (95% CI)", "effect", "numerics", "verdict after", "status")
-
-
-def trial_rows(result) -> list[tuple[str, ...]]:
-    """One row of HEADERS per trial, for the terminal and the HTML page alike."""
-    return [(
-        f"{trial.name}: {' + '.join(trial.knobs)}" if trial.name == "combined" else trial.name,
-        f"{trial.estimate:.2f}x ({trial.rule})" if trial.estimate else (trial.rule or "—"),
-        f"{trial.speedup.point:.2f}x ({trial.speedup.low:.2f}-{trial.speedup.high:.2f})" if trial.speedup else "—",
-        trial.effect or "—", trial.parity.get("status", "—"), trial.verdict or "—",
-        trial.status + (f": {trial.error}" if trial.error else ""),
-    ) for trial in result.trials]
-
-
-def text_lines(result) -> dict[str, list[str]]:
-    """The lines around the table: the baseline above it; the findings to fix by hand, notes, the conclusion below."""
-    baseline, interval = result.baseline, result.baseline_step_time
-    spread = f" ±{100 * interval.half_width / interval.point:.1f}% (95% CI)" if interval else ""
-    return {
-        "above": [f"baseline: {baseline.measured_steps} measured steps, mean step time "
-                  f"{baseline.step_time_mean_s:.4g} s{spread}; {baseline.verdict}"],
-        "below": [*(f"by hand ({item['rule']}): {item['title']}. {item['fix']}" for item in result.by_hand),
-                  *(f"note: {note}" for note in result.notes), result.conclusion],
-        "after_diff": [*(f"also: {note}" for note in result.diff_notes), f"trials recorded in {result.out_dir}"],
-    }
-
-
-def _diff_title(result) -> str:
-    return "the command to run:" if result.diff.startswith("gpuprof") else "the change to make:"
-
-
-def render(result) -> None:
+def render(result: dict) -> None:
+    """`result`: the tune result's plain form (TuneResult.to_dict())."""
     from rich.console import Console
     from rich.table import Table
 
     from gpuprof.cli.trace import PIPED_WIDTH
+    from gpuprof.report.tuning import TRIAL_HEADERS, diff_title, text_lines, trial_rows
 
     console = Console(highlight=False) if sys.stdout.isatty() else Console(width=PIPED_WIDTH, highlight=False)
     lines = text_lines(result)
-    console.print(f"gpuprof tune {result.target}", markup=False)
+    console.print(f"gpuprof tune {result['target']}", markup=False)
     for line in lines["above"]:
         console.print(line, markup=False)
     table = Table(title="trials (speedup over the baseline, above 1 is faster)")
-    for header in HEADERS:
+    for header in TRIAL_HEADERS:
         table.add_column(header)
     for row in trial_rows(result):
         table.add_row(*row)
     console.print(table)
     for line in lines["below"]:
         console.print(line, markup=False)
-    if result.diff:
-        console.print(_diff_title(result))
-        console.print(result.diff, markup=False)
+    if result["diff"]:
+        console.print(diff_title(result))
+        console.print(result["diff"], markup=False)
     for line in lines["after_diff"]:
         console.print(line, markup=False)
 
 
-def render_html(result) -> str:
+def render_html(result: dict) -> str:
     """The same as the terminal's, as one static HTML page."""
     import html
 
     from gpuprof.cli.report import STYLE
+    from gpuprof.report.tuning import TRIAL_HEADERS, diff_title, text_lines, trial_rows
 
     lines = text_lines(result)
     paragraphs = lambda texts: "".join(f"<p>{html.escape(text)}</p>" for text in texts)  # noqa: E731
-    head = "".join(f"<th>{html.escape(header)}</th>" for header in HEADERS)
+    head = "".join(f"<th>{html.escape(header)}</th>" for header in TRIAL_HEADERS)
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
                    for row in trial_rows(result))
-    diff = f"<p>{_diff_title(result)}</p><pre>{html.escape(result.diff)}</pre>" if result.diff else ""
+    diff = f"<p>{diff_title(result)}</p><pre>{html.escape(result['diff'])}</pre>" if result["diff"] else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>gpuprof tune</title><style>{STYLE}"
             "table.trials td, table.trials th { padding: 0.2em 1em 0.2em 0; text-align: left; }</style></head><body>"
-            f"<h1>gpuprof tune: {html.escape(result.target)}</h1>{paragraphs(lines['above'])}"
+            f"<h1>gpuprof tune: {html.escape(result['target'])}</h1>{paragraphs(lines['above'])}"
             f"<table class='trials'><tr>{head}</tr>{rows}</table>{paragraphs(lines['below'])}{diff}"
             f"{paragraphs(lines['after_diff'])}</body></html>")

@@ -13,7 +13,7 @@ from functools import partial
 import streamlit as st
 
 from gpuprof.dashboard import MAX_SELECTED_RUNS, MIN_REFRESH_S, data
-from gpuprof.dashboard.views import compare, distributed, memory, numerics, run, runs, timeline, trace
+from gpuprof.dashboard.views import compare, distributed, memory, numerics, run, runs, timeline, trace, tune
 from gpuprof.errors import GpuprofError
 
 PAGES = {
@@ -25,6 +25,7 @@ PAGES = {
     "Memory": memory.render,
     "Distributed": distributed.render,
     "Compare": compare.render,
+    "Tune": tune.render,
 }
 
 

@@ -403,3 +403,27 @@ def top_kernels_panel(top_kernels: pd.DataFrame) -> Panel:
                                   "%{customdata[1]:.1f} µs mean<extra></extra>")))
     figure.update_yaxes(automargin=True)
     return Panel(title, _layout(figure, x_title="ms", height=max(CHART_HEIGHT_PX, 26 * len(names) + 80)))
+
+
+def tune_trials_panel(trials: list[dict]) -> Panel:
+    """Each measured trial's speedup over the baseline with its interval, its finding's estimate beside it."""
+    from gpuprof.report.tuning import speedup_of, trial_label
+
+    measured = [(trial_label(trial), speedup_of(trial), trial.get("estimate")) for trial in trials if trial.get("speedup")]
+    title = "Measured speedup against the estimate"
+    if not measured:
+        return Panel(title, None, "No trial was measured.")
+    labels = [label for label, _, _ in measured]
+    points = [speedup.point for _, speedup, _ in measured]
+    figure = go.Figure([
+        go.Scatter(x=points, y=labels, mode="markers", name="measured (95 % CI)", marker=dict(size=10),
+                   error_x=dict(type="data", symmetric=False,
+                                array=[speedup.high - speedup.point for _, speedup, _ in measured],
+                                arrayminus=[speedup.point - speedup.low for _, speedup, _ in measured])),
+        go.Scatter(x=[estimate for _, _, estimate in measured], y=labels, mode="markers", name="the finding's estimate",
+                   marker=dict(symbol="diamond-open", size=12)),
+    ])
+    figure.add_vline(x=1.0, line_dash="dot", annotation_text="baseline")
+    figure.update_layout(hovermode="closest")
+    height = max(CHART_HEIGHT_PX // 2, 60 + 40 * len(measured))
+    return Panel(title, _layout(figure, x_title="speedup over the baseline (×, above 1 is faster)", height=height))

@@ -23,6 +23,7 @@ from gpuprof.report import Report, TraceWindow, build_report
 from gpuprof.report.build import trace_window
 from gpuprof.report.trace_report import TraceReport, trace_folder_report
 from gpuprof.run.reader import find_run_dirs, find_trace_dirs
+from gpuprof.tune.tuning import RESULT_FILE, read_result
 
 # A run whose files have not changed for this long is no longer refreshed as live.
 STALLED_AFTER_S = 120.0
@@ -120,6 +121,37 @@ def catalog(root: Path) -> list[RunEntry]:
             + [(path, trace_folder_report) for path in find_trace_dirs(root)])
     inside = sorted((path, report_of) for path, report_of in runs if path.resolve().is_relative_to(root))
     return [open_run(root, _relative(root, path), report_of) for path, report_of in inside]
+
+
+@dataclass
+class TuneEntry:
+    """A `gpuprof tune` folder under the root: `name` is its path relative to the root; `result` its plain
+    form (gpuprof.report.tuning reads it), or `error` says why it cannot be read."""
+
+    name: str
+    path: Path
+    result: dict | None = None
+    error: str | None = None
+
+    def run_name(self, trial: dict) -> str:
+        """The trial's run as the catalog names it: its folder beside RESULT_FILE (the tune folder may have
+        moved since tune wrote the paths)."""
+        folder = Path(trial["run_dir"]).name
+        return folder if self.name == "." else f"{self.name}/{folder}"
+
+
+def tune_results(root: Path) -> list[TuneEntry]:
+    """Every tune folder under root (one holding RESULT_FILE), readable or not, in name order."""
+    entries = []
+    for path in sorted(root.rglob(RESULT_FILE)):
+        folder = path.parent
+        if not folder.resolve().is_relative_to(root):
+            continue
+        try:
+            entries.append(TuneEntry(_relative(root, folder), folder, read_result(path)))
+        except GpuprofError as error:
+            entries.append(TuneEntry(_relative(root, folder), folder, error=str(error)))
+    return entries
 
 
 def _relative(root: Path, path: Path) -> str:

@@ -11,10 +11,12 @@
    the reference workload its optimized variant; tune says where either is slower than one of its own
    knobs alone (their intervals apart).
 The winning set (the fastest trial that helped) ends in the diff a user applies to their own files.
+The result is left in the folder as RESULT_FILE (its plain form), for the dashboard's Tune page.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Callable
 
 import psutil
 
+from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.stats import Interval, TooFewStepsError, mean_interval, speedup_interval, steps_needed
 from gpuprof.diagnoses.knob import all_knobs, knobs_of
 from gpuprof.errors import GpuprofError
@@ -38,6 +41,10 @@ BUDGET_MIN_S = 120.0
 CLAIM_FILE = "tune.world"
 CLAIM_WAIT_S = 120.0
 CLAIM_CLOCK_SLACK_S = 2.0
+RESULT_FILE = "tune.json"
+# What every reader of a RESULT_FILE relies on (gpuprof.report.tuning).
+RESULT_KEYS = {"target": str, "out_dir": str, "conclusion": str, "baseline": dict, "trials": list, "by_hand": list,
+               "notes": list, "diff": str, "diff_notes": list}
 # An estimate that misses the measured saving by more than this factor is called out (docs/rules.md).
 ESTIMATE_MISS_FACTOR = 2.0
 
@@ -106,6 +113,26 @@ def tune(target, out_dir, *, steps: int | None = None, only: list[str] | None = 
         optimized = Trial("optimized", (), str(out / "optimized"))
         result.trials.append(_run(target, optimized, baselines, extra=("--variant", "optimized")))
     _conclude(target, result)
+    if os.environ.get("RANK", "0") == "0":
+        _save(result, out / RESULT_FILE)
+    return result
+
+
+def _save(result: TuneResult, path: Path) -> None:
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(json_safe(result.to_dict()), indent=1))
+    partial.replace(path)  # whole or absent: the dashboard may read it at any time
+
+
+def read_result(path: Path) -> dict:
+    """A RESULT_FILE's plain form; GpuprofError, saying why, for one that is not tune's."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise GpuprofError(f"{path} cannot be read as a tune result: {error}") from None
+    wrong = [key for key, kind in RESULT_KEYS.items() if not isinstance(result, dict) or not isinstance(result.get(key), kind)]
+    if wrong:
+        raise GpuprofError(f"{path} is not a tune result: {', '.join(wrong)} missing or of the wrong type")
     return result
 
 

@@ -15,7 +15,7 @@ from dashboard_servers import start_dashboard  # noqa: F401 - a fixture of these
 
 from gpuprof.dashboard import APP_PATH, RUNS_DIR_ENV
 
-SAMPLE_NAMES = ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")
+SAMPLE_NAMES = ("baseline", "optimized", "nan", "slow-data", "ddp-2rank", "tune")
 REPO = Path(__file__).resolve().parents[2]
 REPO_SAMPLE_RUNS = REPO / "sample_runs"
 FALLBACK_STEPS = 8
@@ -41,7 +41,7 @@ def sample_root(tmp_path_factory) -> Path:
 
 
 def complete(root: Path) -> bool:
-    return all((root / name / "meta.json").is_file() for name in SAMPLE_NAMES)
+    return all((root / name / ("tune.json" if name == "tune" else "meta.json")).is_file() for name in SAMPLE_NAMES)
 
 
 @pytest.fixture

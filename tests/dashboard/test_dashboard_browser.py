@@ -56,6 +56,7 @@ PAGES = (
     ("Memory", ("snap",), 1, 1, ["Allocated", "Allocation timeline", "Largest live allocations"]),
     ("Distributed", ("ddp-2rank",), 1, 1, ["Distributed"]),
     ("Compare", ("baseline", "optimized"), 3, 2, ["Speedup", "95 % CI", "Comparability contract", "Measured step times"]),
+    ("Tune", (), 1, 1, ["Measured speedup against the estimate", "Each trial's run"]),
 )
 # A chart counts once Plotly has drawn its data: SVG traces (`.trace`) or a heatmap image (`.hm`).
 PAGE_STATE = """() => ({
@@ -102,7 +103,7 @@ def chromium_page():
 
 def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, folder: Path) -> Path:
     """The sample runs, a run with a trace window and memory snapshots, and plain traces, in one folder."""
-    for run in (*(sample_root / name for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank")),
+    for run in (*(sample_root / name for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank", "tune")),
                 snapshot_root / "snap", plugin_traces["no_workers"], plugin_traces["workers"]):
         shutil.copytree(run, folder / run.name)
     return folder
@@ -144,7 +145,7 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
             shown[f"plain traces: {name}"] = rendered(page, charts, tables, texts)
     assert server.ctrl_c() == 0
     assert {name: state["failures"] for name, state in shown.items()} == dict.fromkeys(shown, 0)
-    assert set(shown) == {"Runs", "Run", "Numerics", "Trace", "Timeline", "Memory", "Distributed", "Compare",
+    assert set(shown) == {"Runs", "Run", "Numerics", "Trace", "Timeline", "Memory", "Distributed", "Compare", "Tune",
                           *(f"plain traces: {name}" for name, *_ in TRACE_PAGES)}
     runs_text = shown["Runs"]["text"]
     assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text

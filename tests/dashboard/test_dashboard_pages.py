@@ -17,7 +17,9 @@ from gpuprof.dashboard.views.common import escape_markdown
 from gpuprof.diagnoses import diagnose
 from gpuprof.report import build_report, compare
 from gpuprof.run.reader import load_run
+from gpuprof.report.tuning import TRIAL_HEADERS, trial_label
 from gpuprof.run.schema import NUMERICS_DIR, EventKind
+from gpuprof.tune.tuning import read_result
 
 
 def test_runs_page_lists_every_run_with_its_figures(sample_root, open_page):
@@ -143,6 +145,33 @@ def test_compare_page_shows_speedup_and_findings_delta(sample_root, open_page):
         assert escape_markdown(finding.title) in labels
     assert len(trace_named(app, "A baseline")["y"]) > 0 and trace_named(app, "B optimized")
     assert not app.error
+
+
+def test_tune_page_shows_each_trial_measured_beside_its_estimate_and_links_its_run(sample_root, open_page):
+    app = open_page(sample_root, "Tune")
+    result = read_result(sample_root / "tune" / "tune.json")
+    table = app.dataframe[0].value
+    assert list(table.columns) == list(TRIAL_HEADERS)
+    assert table["trial"].tolist() == [trial_label(trial) for trial in result["trials"]]
+    assert not " ".join(table.astype(str).to_numpy().ravel()).count("None")
+    measured = [trial for trial in result["trials"] if trial["speedup"]]
+    np.testing.assert_allclose(values(trace_named(app, "measured (95 % CI)"), "x"),
+                               [trial["speedup"]["point"] for trial in measured])
+    assert result["conclusion"] in " ".join(texts(app.success) + texts(app.info))
+    if result["diff"]:
+        assert app.code[0].value == result["diff"]
+    links = " ".join(texts(app.markdown))
+    for trial in (result["baseline"], *result["trials"]):
+        assert f"run=tune%2F{Path(trial['run_dir']).name})" in links  # its run, on the Run page
+    assert not app.error
+
+
+def test_tune_page_says_how_to_make_a_result_and_names_one_it_cannot_read(tmp_path, open_page):
+    assert "gpuprof tune SCRIPT" in " ".join(texts(open_page(tmp_path, "Tune").info))
+    (tmp_path / "tune-x").mkdir()
+    (tmp_path / "tune-x" / "tune.json").write_text('{"target": 3}')
+    errors = texts(open_page(tmp_path, "Tune").error)
+    assert len(errors) == 1 and "is not a tune result: target" in errors[0]
 
 
 @pytest.mark.parametrize("page", ["Run", "Numerics", "Trace", "Distributed", "Compare"])

@@ -16,6 +16,7 @@ from tune_cli import HERE, TUNE_TIMEOUT_S, gpuprof_tune, trials_of
 
 import gpuprof
 from gpuprof.tune.edits import apply_edits
+from gpuprof.tune.tuning import RESULT_FILE, read_result
 
 
 @pytest.mark.slow
@@ -40,6 +41,8 @@ def test_a_loader_in_the_main_process_over_a_slow_dataset_gets_workers_measured_
     keywords = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords if keyword.arg != "generator"}
     assert keywords["num_workers"] >= 1 and keywords["persistent_workers"] is True
     assert (tmp_path / "tune" / "baseline" / "meta.json").is_file()  # every trial's run is kept
+    envelope = ("schema", "schema_version")
+    assert read_result(tmp_path / "tune" / RESULT_FILE) == {k: v for k, v in result.items() if k not in envelope}
     page = (tmp_path / "tune.html").read_text()
     assert "<td>loader-workers</td>" in page and "num_workers=" in page
 
