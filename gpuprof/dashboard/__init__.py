@@ -17,7 +17,7 @@ RUNS_DIR_ENV = "GPUPROF_RUNS_DIR"
 REFRESH_ENV = "GPUPROF_DASHBOARD_REFRESH_S"
 DEFAULT_REFRESH_S = 5.0
 MIN_REFRESH_S = 1.0
-MAX_SELECTED_RUNS = 2  # one run for most pages, two for Compare
+MAX_SELECTED_RUNS = 6  # one run for most pages; two or more for Compare (B the last, A a baseline of the others)
 
 
 def default_runs_dir() -> Path:

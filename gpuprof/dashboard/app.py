@@ -52,7 +52,8 @@ def _sidebar(entries: list[data.RunEntry]) -> tuple[str, list[str], float | None
         page = st.radio("Page", list(PAGES), key="page")
         selected = st.multiselect(
             "Runs", names, key="selected_runs", max_selections=MAX_SELECTED_RUNS,
-            help="One run for the Run, Numerics, Trace, Timeline, Memory and Distributed pages; two for Compare.",
+            help="One run for the Run, Numerics, Trace, Timeline, Memory and Distributed pages (the first); "
+            "two or more for Compare: B is the last, A the others (a baseline of several runs).",
         )
         auto = st.toggle("Auto-refresh live runs", value=True, key="auto_refresh")
         interval_s = st.number_input("Refresh every (s)", min_value=MIN_REFRESH_S, value=data.refresh_interval_s(),

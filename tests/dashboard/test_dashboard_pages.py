@@ -16,6 +16,7 @@ from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.dashboard.views.common import escape_markdown
 from gpuprof.diagnoses import diagnose
 from gpuprof.report import build_report, compare
+from gpuprof.report.comparison import figure_rows
 from gpuprof.run.reader import load_run
 from gpuprof.report.tuning import TRIAL_HEADERS, trial_label
 from gpuprof.run.schema import NUMERICS_DIR, EventKind
@@ -144,6 +145,20 @@ def test_compare_page_shows_speedup_and_findings_delta(sample_root, open_page):
     for finding in comparison.appeared + comparison.disappeared:
         assert escape_markdown(finding.title) in labels
     assert len(trace_named(app, "A baseline")["y"]) > 0 and trace_named(app, "B optimized")
+    assert not app.error
+
+
+def test_compare_page_holds_the_last_of_several_runs_against_a_baseline_of_the_others(sample_root, open_page):
+    app = open_page(sample_root, "Compare", ("baseline", "nan", "optimized"))
+    reports = [build_report(sample_root / name) for name in ("baseline", "nan", "optimized")]
+    pooled = compare(reports[:2], reports[2])
+    assert pooled.conclusion in " ".join(texts(app.success) + texts(app.warning))
+    assert f"A: {escape_markdown(pooled.a_side.label)}" in texts(app.caption)
+    assert app.dataframe[0].value["A"].tolist() == [row["A"] for row in figure_rows(pooled)]
+    median = compare(reports[:2], reports[2], pooling="median")
+    app.radio(key="compare_pooling").set_value("median").run()
+    assert median.conclusion in " ".join(texts(app.success) + texts(app.warning))
+    assert app.dataframe[0].value["A"].tolist() == [row["A"] for row in figure_rows(median)]
     assert not app.error
 
 

@@ -1,6 +1,8 @@
 """Compare page: run B against run A (e.g. baseline vs optimized) with the noise measured: the
 conclusion line, every figure with its interval, the comparability contract's differences, both
-runs' step-time distributions, the findings that appeared or disappeared, their timelines overlaid."""
+runs' step-time distributions, the findings that appeared or disappeared, their timelines overlaid.
+With more than two runs selected, B is the last and A is a baseline of the others (their steps pooled,
+or their median run), as `gpuprof compare A_FOLDER B` does."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from gpuprof.dashboard.views.common import (
 from gpuprof.report import compare
 from gpuprof.report.comparison import contract_lines, distribution_rows, figure_rows, figures_caption
 from gpuprof.report.format import ci_text, figure_text
+from gpuprof.report.gate import POOLINGS
 from gpuprof.report.trace_views import DIFF_TITLE
 
 FIGURE_COLUMNS = {
@@ -49,16 +52,30 @@ def findings_column(column, title: str, findings: list) -> None:
             st.info("None.")
 
 
+def baseline_pooling(baseline: list) -> str:
+    """How a baseline of several runs makes side A (asked only when there are several)."""
+    if len(baseline) == 1:
+        return POOLINGS[0]
+    return st.radio("Baseline A of several runs", POOLINGS, horizontal=True, key="compare_pooling",
+                    help="pooled: every run's measured steps together; median: the run of median mean step time")
+
+
 def render(root, entries, selected) -> None:
     if not need_runs(selected, 2, "Compare"):
         return
-    entry_a, entry_b = selected[:2]
-    st.header(f"Compare · A `{entry_a.name}` vs B `{entry_b.name}`")
+    baseline, entry_b = selected[:-1], selected[-1]
+    entry_a = baseline[0]
+    names_a = ", ".join(f"`{entry.name}`" for entry in baseline)
+    st.header(f"Compare · A {names_a} vs B `{entry_b.name}`")
     comparison = None
     with section("Comparison"):
-        comparison = compare(entry_a.report, entry_b.report)
+        pooling = baseline_pooling(baseline)
+        reports_a = [entry.report for entry in baseline]
+        comparison = compare(reports_a if len(reports_a) > 1 else reports_a[0], entry_b.report, pooling=pooling)
         headline(comparison)
-        for label, entry in (("A", entry_a), ("B", entry_b)):
+        if len(baseline) > 1:
+            st.caption(f"A: {escape_markdown(comparison.a_side.label)}")
+        for label, entry in (*(("A", entry) for entry in baseline), ("B", entry_b)):
             st.caption(f"{label} `{entry.name}`")
             show_verdict(entry.report.verdict)
         st.caption(figures_caption(comparison))
