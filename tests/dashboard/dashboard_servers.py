@@ -1,11 +1,13 @@
 """Real `gpuprof dashboard` servers for the tests, which always stop: each runs in a process group of its own
 (a Ctrl-C at the terminal, meant for pytest, does not reach it), the test stops it with its own Ctrl-C, and
-teardown, or at the latest the interpreter's exit, kills the whole group whatever happened. A pytest plugin
-too (`-p dashboard_servers`): the fixture `start_dashboard`."""
+teardown, or at the latest the interpreter's exit, kills the whole group whatever happened; a pytest killed
+outright (SIGKILL: no teardown, no exit handlers) takes its servers with it through the kernel's
+parent-death signal. A pytest plugin too (`-p dashboard_servers`): the fixture `start_dashboard`."""
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import re
 import signal
@@ -18,6 +20,7 @@ import pytest
 
 START_TIMEOUT_S = 180.0  # generous: the suite runs beside other work on a loaded 2-core machine
 STOP_TIMEOUT_S = 60.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 URL_LINE = re.compile(r"^gpuprof dashboard on (.*): (http://\S+)")
 _SERVERS: list[subprocess.Popen] = []  # every server a test started, until it is reaped
 
@@ -38,12 +41,20 @@ def _kill_servers_left() -> None:
         kill_group(server)
 
 
+def _stop_when_pytest_dies() -> None:
+    """In the server's process before it starts: SIGTERM (on which gpuprof dashboard stops its Streamlit
+    child) once the thread that started it, pytest's, is gone, however it went."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class DashboardServer:
     """`gpuprof dashboard ARGS` in a process group of its own; `ctrl_c()` is the test's own Ctrl-C."""
 
     def __init__(self, args: tuple[str, ...], cwd: Path | None):
         self.process = subprocess.Popen([sys.executable, "-m", "gpuprof", "dashboard", *args],
-                                        stdout=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True)
+                                        stdout=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True,
+                                        preexec_fn=_stop_when_pytest_dies)
         _SERVERS.append(self.process)
         self.folder, self.url = self._wait_for_url()
 

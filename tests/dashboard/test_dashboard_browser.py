@@ -168,9 +168,10 @@ def test_serves_until_interrupted(start_dashboard, tmp_path):
 """
 
 
-def test_a_ctrl_c_that_stops_pytest_stops_its_dashboard_servers_too(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_servers_stop_when_pytest_is_stopped_by_ctrl_c_or_killed(tmp_path, stop_signal):
     """The servers run in their own process group, where a Ctrl-C at pytest's terminal does not reach them:
-    pytest's teardown (or its exit) kills them."""
+    pytest's teardown (or its exit) kills them; a pytest killed outright takes them with it too."""
     (tmp_path / "test_inner.py").write_text(WAITS_FOR_CTRL_C)
     here = str(Path(__file__).parent)
     inner = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "dashboard_servers", "-p", "no:cacheprovider",
@@ -181,7 +182,7 @@ def test_a_ctrl_c_that_stops_pytest_stops_its_dashboard_servers_too(tmp_path):
         pid = next(int(line.split()[1]) for line in inner.stdout if line.startswith("SERVER"))
         server = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
         assert os.getpgid(pid) != inner.pid  # a Ctrl-C to pytest's group does not reach the server...
-        os.killpg(inner.pid, signal.SIGINT)
+        os.killpg(inner.pid, stop_signal)
         inner.wait(timeout=120)
         gone, alive = psutil.wait_procs(server, timeout=60)
         assert not alive, alive  # ...and yet it stopped
