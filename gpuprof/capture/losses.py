@@ -13,11 +13,13 @@ function is wrapped (one Python call per backward pass) and the tensor it is giv
   loss by the number of micro-batches (nanoGPT, Accelerate, Lightning) records their mean.
 The sum stays on the device (one add per micro-batch, no host-device sync). A backward pass of
 no loss the loop runs (none at all, or only `torch.autograd.grad`) records no loss, which the
-report shows as n/a.
+report shows as n/a. gpuprof's own backward passes (the forensic re-run of a bad step) run while
+the listener is `paused()`: they are not the loop's, and would add the bad step's loss to the next.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import weakref
@@ -36,6 +38,7 @@ class BackwardLosses:
     def __init__(self):
         self._sum: torch.Tensor | None = None
         self.count = 0  # backward passes taken since the last take()
+        self._paused = False
 
     def listen(self) -> None:
         if not _listeners:
@@ -54,7 +57,18 @@ class BackwardLosses:
         loss, self._sum, self.count = self._sum, None, 0
         return loss
 
+    @contextlib.contextmanager
+    def paused(self):
+        """The backward passes run inside are gpuprof's own: none is taken."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
     def seen(self, loss: torch.Tensor) -> None:
+        if self._paused:
+            return
         self._sum = loss if self._sum is None else self._sum + loss
         self.count += 1
 

@@ -388,7 +388,8 @@ class Profiler:
         while self._pending and self._ready(*self._pending[0]):
             record = self._pending.popleft()[0].resolve()
             self._complete(record)
-            self.collectors.call("on_step_record", self, record)
+            with self._losses.paused():  # the forensic re-run of a bad step runs its own backward
+                self.collectors.call("on_step_record", self, record)
             written.append({k: v for k, v in record.items() if not k.startswith("_")})
         if written:
             self.writer.write("steps", written)

@@ -7,9 +7,11 @@ import pytest
 import torch
 from lightning.pytorch.plugins import MixedPrecision
 from lightning_gpt2 import TinyGpt2Module, quiet_trainer
+from numerics.numerics_helpers import events
 from tiny_gpt2 import BATCH, SEQ, RandomTokens, assert_phases_cover_the_steps
 
 import gpuprof
+from gpuprof.analysis.run import summarize
 from gpuprof.diagnoses import diagnose
 from gpuprof.integrations.lightning import GpuprofCallback
 from gpuprof.report import build_report
@@ -92,3 +94,74 @@ def test_a_failing_fit_leaves_a_failed_run(tmp_path):
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["status"] == "failed"
     assert run.steps["step"].tolist() == [0, 1]
+
+
+MANUAL_STEPS, ALL_PADDING_BATCH = 4, 2
+
+
+class PaddedAt(RandomTokens):
+    """Batch `batch` of the loader is all padding: every label ignored (-100), so its mean cross-entropy is 0/0."""
+
+    def __init__(self, batch: int):
+        super().__init__(n_items=MANUAL_STEPS * BATCH)
+        self.padded = range(batch * BATCH, (batch + 1) * BATCH)
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        return {**item, "labels": torch.full_like(item["labels"], -100)} if index in self.padded else item
+
+
+class ManualZLoss(TinyGpt2Module):
+    """Manual optimization, as a user writes it: the model returns a tuple (`return_dict=False`), the step
+    computes the cross-entropy outside it, backpropagates it plus a z-loss (PaLM's) through `manual_backward`,
+    and returns a dict of the two parts for logging, so neither what the model nor what the step returns
+    is the tensor backward ran on."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.backward_losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        (logits,) = self.model(input_ids=batch["input_ids"], return_dict=False, use_cache=False)
+        cross_entropy = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+        z_loss = 1e-2 * torch.logsumexp(logits, dim=-1).pow(2).mean()
+        optimizer.zero_grad()
+        self.manual_backward(cross_entropy + z_loss)
+        optimizer.step()
+        self.backward_losses.append((cross_entropy + z_loss).item())
+        return {"loss": cross_entropy, "z_loss": z_loss}
+
+
+@pytest.fixture(scope="module")
+def manual_fit(tmp_path_factory):
+    """A manual-optimization fit whose batch ALL_PADDING_BATCH is all padding: that step's loss is 0/0, its
+    gradients finite (no target, no gradient), so the steps after it are finite again."""
+    root = tmp_path_factory.mktemp("manual")
+    module = ManualZLoss()
+    trainer = quiet_trainer(max_steps=MANUAL_STEPS, default_root_dir=root,
+                            callbacks=[GpuprofCallback(root / "run", sample_interval_s=0)])
+    trainer.fit(module, torch.utils.data.DataLoader(PaddedAt(ALL_PADDING_BATCH), batch_size=BATCH))
+    return module, gpuprof.load_run(root / "run")
+
+
+def test_manual_optimization_records_the_loss_manual_backward_was_given(manual_fit):
+    """Each row's loss is the cross-entropy plus the z-loss, NaN only at the padded batch: the step after it
+    is finite again (the forensic re-run of the bad step runs a backward of its own, which is not the loop's)."""
+    module, run = manual_fit
+    steps = run.steps
+    assert steps["step"].tolist() == list(range(MANUAL_STEPS))
+    np.testing.assert_allclose(steps["loss"], module.backward_losses, rtol=1e-5, equal_nan=True)
+    assert steps["loss_finite"].tolist() == [step != ALL_PADDING_BATCH for step in range(MANUAL_STEPS)]
+    assert summarize(run).health["nonfinite_loss_steps"] == 1
+
+
+def test_a_nan_loss_under_manual_optimization_is_blamed_on_the_loss(manual_fit):
+    """The forensic re-run takes the loss at manual_backward on its copy of the module: the 0/0 of the
+    cross-entropy the training step computes outside the model."""
+    _, run = manual_fit
+    [event] = events(run.path, "nonfinite")
+    assert (event["step"], event["phase"], event["op"], event["first"]) == (
+        ALL_PADDING_BATCH, "loss", "aten::nll_loss_forward", "nan")
+    assert "in training_step: cross_entropy = " in event["source"]
