@@ -8,9 +8,8 @@ import html
 from pathlib import Path
 
 from gpuprof.errors import GpuprofError
-from gpuprof.report.format import MISSING, device_label, gain_text, headline_figures, value_text
+from gpuprof.report.format import MISSING, SEVERITY_COLORS, device_label, gain_text, headline_figures, value_text
 
-SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
 .finding { border-left: 4px solid; padding: 0.3em 1em; margin: 0.6em 0; background: #fafafa; }
@@ -35,7 +34,8 @@ def add_parser(subparsers) -> None:
 
 
 def _verdict_html(verdict) -> str:
-    return (f'<div class="verdict"><h2>{html.escape(verdict.headline)}</h2><p>{html.escape(verdict.why)}</p>'
+    return (f'<div class="verdict" style="border-color:{SEVERITY_COLORS[verdict.severity][1]}">'
+            f'<h2>{html.escape(verdict.headline)}</h2><p>{html.escape(verdict.why)}</p>'
             f"<p><b>Next:</b> {html.escape(verdict.next_step)}</p></div>")
 
 
@@ -46,7 +46,7 @@ def _finding_html(finding) -> str:
     )
     gain = gain_text(finding.est_gain_pct)
     return (
-        f'<div class="finding" style="border-color:{SEVERITY_COLORS.get(finding.severity, "#999")}">'
+        f'<div class="finding" style="border-color:{SEVERITY_COLORS.get(finding.severity, (None, "#999"))[1]}">'
         f"<h3>{html.escape(finding.title)}</h3>"
         f"<p>{finding.severity} · {finding.category} · rule <code>{html.escape(finding.rule)}</code>"
         f"{' · ' + gain if gain else ''}</p>"

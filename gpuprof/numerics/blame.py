@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PHASES = ("forward", "backward", "loss", "optimizer", "state")
+# What each phase of a blame says about where the value went non-finite, for people.
+PHASE_MEANINGS = {
+    "forward": "the model's forward pass made it",
+    "backward": "the backward pass made it, in a gradient",
+    "loss": "the loop's loss computation, after the model's outputs, made it",
+    "optimizer": "the optimizer's update made it, in the weights or the optimizer's state",
+    "state": "it was already in the weights or the optimizer's state when the step began",
+}
 NOT_REPRODUCED = "not reproduced: "  # how a note giving the reason for no blame starts
 
 
@@ -50,14 +58,18 @@ class Blame:
         return cls(**{key: value for key, value in details.items() if key in known})
 
     def message(self) -> str:
-        """One line for people: what went non-finite, where, and in which pass."""
+        """One line for people: "step N: " and `what_and_where`."""
+        return f"step {self.step}: {self.what_and_where()}"
+
+    def what_and_where(self) -> str:
+        """What went non-finite, where, and in which pass (and the cause found)."""
         if not self.reproduced:
             why = next((note.removeprefix(NOT_REPRODUCED) for note in self.notes if note.startswith(NOT_REPRODUCED)),
                        "no blame")
-            return f"step {self.step}: non-finite {self.trigger or 'value'}; not reproduced: {why}"
+            return f"non-finite {self.trigger or 'value'}; not reproduced: {why}"
         where = self.module or "outside any module"
         what = f"{self.first} in {self.tensor}" if self.phase == "state" else f"first {self.first} from {self.op}"
-        line = f"step {self.step}: {what} ({self.phase}, {where})"
+        line = f"{what} ({self.phase}, {where})"
         if self.cause:
             line += f"; {self.cause['summary']}"
         return line

@@ -8,6 +8,8 @@ import math
 
 GIB = 2**30
 MISSING = "n/a"
+# A severity's colour: by name (Streamlit's markdown colours) and as hex (the HTML report).
+SEVERITY_COLORS = {"critical": ("red", "#c62828"), "warning": ("orange", "#ef6c00"), "info": ("blue", "#1565c0")}
 BINARY_PREFIXES = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
@@ -114,8 +116,17 @@ def _binary(value_bytes: float) -> str:
     return f"{value_bytes:.3g} {BINARY_PREFIXES[index]}"
 
 
+def present(mapping: dict) -> dict:
+    """The entries of `mapping` that hold something: no None, NaN, empty text, list or dict."""
+    return {key: value for key, value in mapping.items() if known(value) and not (
+        isinstance(value, (str, list, tuple, dict)) and len(value) == 0)}
+
+
 def value_text(value) -> str:
-    """An evidence or event value: whole floats as integers, others to 4 significant digits."""
+    """An evidence or event value: whole floats as integers, others to 4 significant digits; a dict as its
+    entries that hold something."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={value_text(item)}" for key, item in present(value).items())
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else fmt(value, "{:.4g}")
     if isinstance(value, (list, tuple)):

@@ -109,6 +109,14 @@ class Verdict:
         share = f" ({fmt_share(self.share_pct)})" if self.share_pct is not None else ""
         return f"Bound by {CATEGORY_TITLES[self.bound]}{share}"
 
+    @property
+    def severity(self) -> str:
+        """How loudly to show it: critical when the run stopped or its numbers went non-finite; a warning when
+        a signal is missing or memory bounds the step; else info (a speed to gain)."""
+        if self.bound in ("failure", "numerics"):
+            return "critical"
+        return "warning" if self.bound in (None, "memory") else "info"
+
     def to_dict(self) -> dict:
         return json_safe({**asdict(self), "headline": self.headline})
 

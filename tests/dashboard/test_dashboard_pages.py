@@ -85,6 +85,9 @@ def test_numerics_page_names_where_the_nan_appeared(sample_root, open_page):
     bundle = Path(commands[0].removeprefix("gpuprof replay "))
     assert bundle == sample_root / "nan" / NUMERICS_DIR / Path(event["details"]["bundle"]).name
     assert bundle.is_file() or any(bundle.name in text for text in texts(app.caption))
+    assert f"Phase {event['details']['phase']}: " in " ".join(texts(app.caption))  # the phase explained
+    chain = app.dataframe[0].value
+    assert str(chain["time"].dtype).startswith("datetime64") and str(chain["step"].dtype) == "Int64"
     assert not app.error
 
 

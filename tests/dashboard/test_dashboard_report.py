@@ -6,9 +6,11 @@ import html
 import subprocess
 import sys
 
+from gpuprof.cli.report import render_html
 from gpuprof.dashboard.charts import run_panels
 from gpuprof.diagnoses import diagnose
 from gpuprof.report import build_report
+from gpuprof.report.format import SEVERITY_COLORS
 from gpuprof.run.reader import load_run
 
 
@@ -29,6 +31,19 @@ def test_report_holds_findings_and_every_chart(sample_root, tmp_path):
     charts = [panel for panel in run_panels(run, 0) if panel.figure is not None]
     assert page.count('class="plotly-graph-div"') == len(charts)
     assert page.count("* plotly.js v") == 1  # plotly.js embedded once: the file opens offline
+
+
+def test_report_shows_a_nan_runs_origin_as_its_fields_under_a_critical_verdict(sample_root):
+    report = build_report(sample_root / "nan")
+    page = render_html(report, 0)
+    assert report.verdict.bound == "numerics" and report.verdict.severity == "critical"
+    assert f'class="verdict" style="border-color:{SEVERITY_COLORS["critical"][1]}"' in page
+    origin = page[page.index("<td>origin</td>"):].split("</tr>")[0]
+    assert "phase=state" in origin and "module=transformer.wte" in origin and "None" not in origin
+    [finding] = [finding for finding in report.findings if finding.rule == "nonfinite-values"]
+    assert finding.title.count("step 8") == 1  # not "from step 8: step 8: ..."
+    bundle = sample_root / "nan" / "numerics" / "step-8-rank-0.pt"
+    assert f"`gpuprof replay {bundle}`" in finding.fix and "above" not in finding.fix
 
 
 def test_report_bad_input_is_one_line_and_exit_2(sample_root, tmp_path):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from gpuprof.report.format import gain_text, value_text
+from gpuprof.report.format import SEVERITY_COLORS, gain_text, present, value_text
 from gpuprof.report.verdict import HOW_TO_RECORD
 from gpuprof.errors import GpuprofError
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 # Material icons ship with Streamlit's frontend, so they render with no emoji font installed.
 SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
-SEVERITY_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
+VERDICT_BOXES = {"critical": st.error, "warning": st.warning, "info": st.info}
 
 
 def need_runs(selected: list, count: int, page: str) -> bool:
@@ -47,12 +47,13 @@ def show_panel(panel, key: str = "") -> None:
     if panel.figure is None:
         st.info(panel.note)
         return
-    st.plotly_chart(panel.figure, key=f"chart-{panel.title}{key}")
+    st.plotly_chart(panel.figure, key=f"chart-{panel.title}{key}", theme=None)  # the colours of the HTML report
     if panel.note:
         st.caption(panel.note)
 
 
 MARKDOWN_SPECIALS = re.compile(r"([\\`*_\[\]$~|<>#])")
+CODE_SPAN = re.compile(r"(`[^`]+`)")
 
 
 def escape_markdown(text: str) -> str:
@@ -60,35 +61,44 @@ def escape_markdown(text: str) -> str:
     return MARKDOWN_SPECIALS.sub(r"\\\1", text)
 
 
+def markdown_text(text: str) -> str:
+    """`text` shown literally, except that its `code spans` show as code (fixes and verdicts name code so)."""
+    return "".join(part if CODE_SPAN.fullmatch(part) else escape_markdown(part) for part in CODE_SPAN.split(text))
+
+
+def show_values(values: dict) -> None:
+    """Evidence as a table of its values, each as people read it."""
+    st.table(pd.DataFrame({"value": [value_text(value) for value in values.values()]}, index=list(values)))
+
+
 def show_verdict(verdict) -> None:
     """What bounds the step, why, and what to do next; a warning when a signal to tell is missing, an error
     when the run stopped (a hang, a dead rank)."""
-    box = st.error if verdict.bound == "failure" else st.warning if verdict.bound in (None, "numerics", "memory") else st.info
-    box(f"**{escape_markdown(verdict.headline)}.** {escape_markdown(verdict.why)}\n\n"
-        f"**Next:** {escape_markdown(verdict.next_step)}", icon=":material/gavel:")
+    VERDICT_BOXES[verdict.severity](f"**{escape_markdown(verdict.headline)}.** {markdown_text(verdict.why)}\n\n"
+                                    f"**Next:** {markdown_text(verdict.next_step)}", icon=":material/gavel:")
 
 
-def show_findings(findings: list) -> None:
-    """Diagnoses, most severe first: title always visible; evidence and fix one click away."""
+def show_findings(findings: list, empty: str = "No problems found by the diagnosis rules.") -> None:
+    """Diagnoses, most severe first: title always visible; evidence and fix one click away. `empty`: what
+    to say when there are none."""
     if not findings:
-        st.success("No problems found by the diagnosis rules.")
+        st.success(empty)
         return
     for finding in findings:
         gain = gain_text(finding.est_gain_pct)
-        color = SEVERITY_COLORS.get(finding.severity, "gray")
+        color = SEVERITY_COLORS.get(finding.severity, ("gray",))[0]
         label = f":{color}[**{finding.severity}**] {escape_markdown(finding.title)}" + (f" · {gain}" if gain else "")
         with st.expander(label, expanded=finding.severity == "critical", icon=SEVERITY_ICONS.get(finding.severity)):
             st.caption(f"rule `{finding.rule}` · {finding.category}")
             if finding.fix:
-                st.markdown(f"**Fix:** {escape_markdown(finding.fix)}")
+                st.markdown(f"**Fix:** {markdown_text(finding.fix)}")
             flat = {key: value for key, value in finding.evidence.items() if not isinstance(value, dict)}
             if flat:
-                st.table(pd.DataFrame({"value": [value_text(value) for value in flat.values()]},
-                                      index=list(flat)))
+                show_values(flat)
             for key, value in finding.evidence.items():
-                if isinstance(value, dict):
+                if isinstance(value, dict) and present(value):
                     st.caption(key)
-                    st.json(value, expanded=False)
+                    show_values(present(value))
 
 
 def show_not_in_a_trace(what: str, signals: tuple[str, ...]) -> None:

@@ -65,7 +65,7 @@ def show(snapshot: MemorySnapshot) -> None:
         st.error(f"Out of memory: the last failing request asked for {formatting.figure(oom['size_bytes'].iloc[-1], 'bytes')}.")
     st.subheader("Allocation timeline")
     if snapshot.has_history:
-        st.plotly_chart(timeline_figure(snapshot), key="memory_timeline")
+        st.plotly_chart(timeline_figure(snapshot), key="memory_timeline", theme=None)
     else:
         st.info(HISTORY_HINT)
     st.subheader("Largest live allocations")

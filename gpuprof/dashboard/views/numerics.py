@@ -13,9 +13,14 @@ from gpuprof.dashboard.charts import loss_panel, scaler_panel
 from gpuprof.dashboard.views.common import (
     escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel,
 )
+from gpuprof.numerics.blame import PHASE_MEANINGS
 from gpuprof.report.format import figure, value_text
 from gpuprof.run.schema import NUMERICS_DIR
 
+EVENT_COLUMNS = {
+    "time": st.column_config.DatetimeColumn("time (UTC)", format="HH:mm:ss.SSS"),
+    "step": st.column_config.NumberColumn("step", format="%d", help="empty: an event of the run, not of a step"),
+}
 BLAME_FIELDS = ("step", "rank", "phase", "module", "op", "first", "tensor", "dtype", "shape",
                 "nonfinite_count", "input_absmax", "source", "micro_batch", "trigger")
 
@@ -37,6 +42,12 @@ def _text(value) -> str:
     return " × ".join(map(str, value)) if isinstance(value, (list, tuple)) else value_text(value)
 
 
+def readable_events(events: pd.DataFrame) -> pd.DataFrame:
+    """The events with their clock time as a time and their step as a whole number (or empty)."""
+    shown = events.drop(columns=["time_unix_s"]).assign(step=events["step"].astype("Int64"))
+    return shown.assign(time=pd.to_datetime(events["time_unix_s"], unit="s"))[["time", *shown.columns]]
+
+
 def bundle_path(run_path: Path, recorded: str) -> Path:
     """The replay bundle in this run's numerics folder, where the run format keeps it: the path
     recorded at training time is relative to that process's working folder, or to a machine the
@@ -52,6 +63,9 @@ def replay_bundle(run_path: Path, event: pd.Series) -> Path | None:
 def show_blame(entry, event: pd.Series) -> None:
     st.markdown(f":red[**{escape_markdown(event['message'])}**]")
     st.table(blame_fields(event).set_index("field"))
+    phase = (event["details"] if isinstance(event["details"], dict) else {}).get("phase")
+    if phase in PHASE_MEANINGS:
+        st.caption(f"Phase {phase}: {PHASE_MEANINGS[phase]}.")
     bundle = replay_bundle(entry.path, event)
     if bundle is not None:
         st.caption("Replay the step on this machine and print the same blame:")
@@ -70,7 +84,9 @@ def render(root, entries, selected) -> None:
         show_not_in_a_trace("NaN forensics (where a value first went non-finite)", ("numerics",))
         return
     report = entry.report
-    show_findings(report.findings_in("numerics"))
+    others = len(report.findings) - len(report.findings_in("numerics"))
+    show_findings(report.findings_in("numerics"), "No numerics findings" + (
+        f" (the Run page lists this run's {others} other finding{'s' * (others != 1)})." if others else "."))
     with section("Non-finite values"):
         st.subheader("Where a value first went non-finite")
         if report.blames.empty:
@@ -84,7 +100,8 @@ def render(root, entries, selected) -> None:
             for _, event in report.blames.iterrows():
                 show_blame(entry, event)
             st.subheader("Events around it")
-            st.dataframe(report.blame_chain, hide_index=True, key="chain_table")
+            st.dataframe(readable_events(report.blame_chain), hide_index=True, column_config=EVENT_COLUMNS,
+                         key="chain_table")
     with section("Loss and GradScaler"):
         query = report.run.query
         ranks = query.ranks_with_steps

@@ -79,7 +79,7 @@ def show(timeline: StepTimeline) -> None:
     st.caption(f"Step {timeline.step} on rank {timeline.rank}: {timeline.step_time_us / 1e3:,.1f} ms. "
                f"Drew {len(timeline.intervals):,} intervals for {timeline.events:,} events: events shorter than a "
                "pixel are merged per row and pixel, then the longest are kept. Hover for name, duration and row.")
-    st.plotly_chart(figure(timeline), key="timeline_chart")
+    st.plotly_chart(figure(timeline), key="timeline_chart", theme=None)
     st.subheader("Longest intervals drawn")
     longest = timeline.intervals.nlargest(LONGEST_SHOWN, "dur_us")
     st.dataframe(longest, hide_index=True, key="timeline_longest")

@@ -7,14 +7,17 @@ whole run, else its detectors replayed over the recorded steps (a run recorded w
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from gpuprof.analysis.run.summary import column, flag
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
+from gpuprof.numerics.blame import PHASE_MEANINGS, Blame
 from gpuprof.numerics.timeline import ScalerTimeline
 from gpuprof.run import query as q
-from gpuprof.run.schema import EventKind
+from gpuprof.run.schema import NUMERICS_DIR, EventKind
 
 NUMERICS_COLLECTOR = "numerics"
 SCALER_TROUBLE_KINDS = (EventKind.SCALER_PERSISTENT_OVERFLOW, EventKind.SCALER_SCALE_BELOW_ONE)
@@ -57,24 +60,49 @@ def nonfinite_values(ctx):
         return None
     blame = blames[0] if blames else None
     first_step = int(bad["step"].min()) if not bad.empty else blame["step"]
-    bundle = blame["details"].get("bundle") if blame else None
     return Finding(
         rule="nonfinite-values",
         severity="critical",
-        title=f"Non-finite loss or gradients from step {first_step}" + (f": {blame['message']}" if blame else ""),
+        title=f"Non-finite loss or gradients from step {first_step}" + (_blame_text(blame, first_step) if blame else ""),
         evidence={
             "first_nonfinite_step": first_step,
             "nonfinite_loss_steps": steps.loc[bad_loss, "step"].nunique(),
             "nonfinite_grad_unskipped_steps": steps.loc[bad_grad, "step"].nunique(),
             "origin": {"step": blame["step"], **blame["details"]} if blame else None,
         },
-        fix=(
-            (f"Re-run the first bad step with `gpuprof replay {bundle}`; start " if bundle else "Start ")
-            + "at the origin (module, op and source line above). Usual causes: an LR too high (lower "
-            "it, add warm-up, clip_grad_norm_(1.0)), fp16 overflow (use bf16 or a GradScaler), "
-            "log/sqrt/divide of zero (add an epsilon), bad input data."
-        ),
+        fix=_replay_text(ctx, blame) + _start_text(blame) + " Usual causes: an LR too high (lower it, add warm-up, "
+        "`clip_grad_norm_(1.0)`), fp16 overflow (use bf16 or a GradScaler), log/sqrt/divide of zero (add an "
+        "epsilon), bad input data.",
     )
+
+
+def _blame_text(blame: dict, first_step: int) -> str:
+    """The blame after the title's "from step N": its step only where it is another one."""
+    what = Blame.from_details({"rank": 0, "step": blame["step"], **blame["details"]}).what_and_where()
+    return f": {what}" if blame["step"] == first_step else f"; at step {blame['step']}: {what}"
+
+
+def _replay_text(ctx, blame: dict | None) -> str:
+    """The command that re-runs the blamed step, with the bundle where the run keeps it."""
+    recorded = blame["details"].get("bundle") if blame else None
+    if not recorded:
+        return ""
+    run_path = getattr(getattr(ctx, "run", None), "path", None)
+    bundle = Path(run_path) / NUMERICS_DIR / Path(recorded).name if run_path is not None else Path(recorded)
+    return f"Re-run the first bad step with `gpuprof replay {bundle}`. "
+
+
+def _start_text(blame: dict | None) -> str:
+    """Where to start looking: the blamed tensor, module, op and source line that were found."""
+    details = blame["details"] if blame else {}
+    if details.get("phase") == "state":
+        return f"Start at `{details.get('tensor')}`: {PHASE_MEANINGS['state']}, so look at the update before it."
+    where = [f"`{details[key]}`" for key in ("module", "op") if details.get(key)]
+    if details.get("source"):
+        where.append(f"the line `{details['source']}`")
+    if not where:
+        return "Start at the first non-finite step's inputs and the loss."
+    return f"Start at {', '.join(where)} ({details.get('phase')} pass)."
 
 
 def replay_scaler(steps: pd.DataFrame) -> list[dict]:
