@@ -115,6 +115,8 @@ _GPU_ROWS = (
     ("temperature °C", ("temp_c",)),
     ("SM clock MHz", ("sm_clock_mhz",)),
 )
+GPU_SERIES_NAMES = {"gpu_util_pct": "busy", "sm_active_pct": "SM active", "tensor_active_pct": "tensor cores active",
+                    "power_w": "power", "temp_c": "temperature", "sm_clock_mhz": "SM clock"}
 
 
 # The system columns the charts draw (not the throttle reasons: lists are slow to convert).
@@ -135,10 +137,17 @@ def gpu_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
     for row, (_, columns) in enumerate(rows, start=1):
         for device, samples in gpu.groupby("device_index"):
             for column in columns:
-                figure.add_trace(_line(samples, "elapsed_s", column, f"gpu{int(device)} {column}"), row=row, col=1)
+                figure.add_trace(_line(samples, "elapsed_s", column, f"GPU {int(device)} {GPU_SERIES_NAMES[column]}"),
+                                 row=row, col=1)
     _layout(figure, x_title="", height=170 * len(rows) + 60)
+    _seconds_axis(figure)
     figure.update_xaxes(title_text="seconds since start", row=len(rows), col=1)
     return Panel(title, figure)
+
+
+def _seconds_axis(figure: go.Figure) -> None:
+    """Seconds since start, ticks and hover in one number format."""
+    figure.update_xaxes(tickformat=",.0f", hoverformat=",.1f")
 
 
 def host_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
@@ -152,6 +161,7 @@ def host_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
         figure.add_trace(_line(host, "elapsed_s", "proc_rss_bytes", "process RSS GiB", scale=1 / GIB), secondary_y=True)
         figure.update_yaxes(title_text="GiB", secondary_y=True)
     figure.update_yaxes(title_text="CPU %", secondary_y=False)
+    _seconds_axis(figure)
     return Panel("Host CPU and memory", _layout(figure, x_title="seconds since start"))
 
 
@@ -184,19 +194,48 @@ def memory_panel(steps: pd.DataFrame, meta: dict) -> Panel:
     return Panel("Memory", _layout(figure, x_title="step", y_title="GiB"))
 
 
-def grad_norm_heatmap_panel(layers: pd.DataFrame) -> Panel:
+def grad_norm_heatmap_panel(layers: pd.DataFrame, steps: pd.DataFrame) -> Panel:
+    """Layers by step; `steps` say which steps' gradients went non-finite (their layers are marked)."""
     title = "Gradient norm per layer (log10)"
     if layers.empty or not _has(layers, "grad_norm"):
         return Panel(title, None, "No per-layer gradient norms recorded (pass model= to gpuprof.profile).")
     order = list(layers["layer"].unique())  # first-seen order: the model's own layer order
     table = layers.pivot_table(index="step", columns="layer", values="grad_norm", aggfunc="mean")[order]
     averaged = bucket_mean(table.reset_index(), "step", order, HEATMAP_MAX_STEPS)
+    norms = averaged[order].to_numpy(dtype=float).T
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.log10(averaged[order].to_numpy(dtype=float).T)
+        z = np.log10(norms)
     z[~np.isfinite(z)] = np.nan
-    figure = go.Figure(go.Heatmap(x=averaged["step"], y=order, z=z, colorscale="Viridis",
-                                  colorbar=dict(title="log10 ‖g‖")))
+    step_labels = averaged["step"].astype(str)  # one cell per recorded step, however few or far apart
+    figure = go.Figure(go.Heatmap(x=step_labels, y=order, z=z, colorscale="Viridis", colorbar=dict(title="log10 ‖g‖")))
+    bad = _nonfinite_layer_cells(layers, steps)
+    if not bad.empty:
+        figure.add_trace(go.Scatter(x=bad["step"].astype(str), y=bad["layer"], mode="markers", name="non-finite",
+                                    marker=dict(color="crimson", symbol="x", size=8)))
+    figure.update_xaxes(type="category")
+    figure.update_yaxes(type="category", tickmode="array", tickvals=order, ticktext=_short_names(order),
+                        tickfont=dict(size=10), autorange="reversed")
+    figure.update_layout(hovermode="closest")
     return Panel(title, _layout(figure, x_title="step", height=max(CHART_HEIGHT_PX, 14 * len(order) + 80)))
+
+
+def _nonfinite_layer_cells(layers: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """(step, layer) of the layers whose gradient norm is not finite, on the steps whose gradients went
+    non-finite (elsewhere an empty norm is one not measured)."""
+    if "grad_norm_finite" not in steps.columns:
+        return layers.iloc[0:0]
+    bad_steps = steps.loc[steps["grad_norm_finite"].eq(False), "step"]
+    norms = layers["grad_norm"].to_numpy(dtype=float)
+    return layers.loc[layers["step"].isin(bad_steps) & ~np.isfinite(norms), ["step", "layer"]]
+
+
+def _short_names(names: list[str]) -> list[str]:
+    """Dotted names without the prefix they all share ("transformer.h.0.attn" -> "h.0.attn")."""
+    split = [name.split(".") for name in names]
+    shared = 0
+    while len(names) > 1 and all(len(parts) > shared + 1 for parts in split) and len({parts[shared] for parts in split}) == 1:
+        shared += 1
+    return [".".join(parts[shared:]) for parts in split]
 
 
 def scaler_panel(steps: pd.DataFrame) -> Panel:
@@ -226,7 +265,7 @@ def run_panels(run, rank: int) -> list[Panel]:
         gpu_panel(system, start),
         host_panel(system, start),
         memory_panel(steps, run.meta),
-        grad_norm_heatmap_panel(layers),
+        grad_norm_heatmap_panel(layers, steps),
         scaler_panel(steps),
     ]
 

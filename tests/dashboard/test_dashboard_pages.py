@@ -151,9 +151,21 @@ def test_compare_page_shows_speedup_and_findings_delta(sample_root, open_page):
     assert not app.error
 
 
+def test_gradient_heatmap_marks_the_nan_steps_layers_and_labels_every_layer(sample_root):
+    from gpuprof.dashboard.charts import run_panels
+
+    run = load_run(sample_root / "nan")
+    [heatmap] = [panel.figure for panel in run_panels(run, 0) if panel.title.startswith("Gradient norm per layer")]
+    layers = run.query.rank_frame("layers", 0)
+    assert len(heatmap.layout.yaxis.tickvals) == layers["layer"].nunique()  # a label on every layer
+    [marked] = [trace for trace in heatmap.data if trace.name == "non-finite"]
+    bad_steps = set(run.steps.loc[run.steps["grad_norm_finite"].eq(False), "step"].astype(str))
+    assert set(marked.x) and set(marked.x) <= bad_steps and heatmap.layout.xaxis.type == "category"
+
+
 def test_compare_page_holds_the_last_of_several_runs_against_a_baseline_of_the_others(sample_root, open_page):
-    app = open_page(sample_root, "Compare", ("baseline", "nan", "optimized"))
-    reports = [build_report(sample_root / name) for name in ("baseline", "nan", "optimized")]
+    app = open_page(sample_root, "Compare", ("baseline", "slow-data", "optimized"))
+    reports = [build_report(sample_root / name) for name in ("baseline", "slow-data", "optimized")]
     pooled = compare(reports[:2], reports[2])
     assert pooled.conclusion in " ".join(texts(app.success) + texts(app.warning))
     assert f"A: {escape_markdown(pooled.a_side.label)}" in texts(app.caption)
