@@ -55,3 +55,13 @@ def plugin_traces(tmp_path_factory) -> dict:
         "workers": record_plugin_trace(root / "workers", num_workers=4),
         "two_spans": record_plugin_trace(root / "two_spans", num_workers=4, spans=2),
     }
+
+
+
+@pytest.fixture(scope="session")
+def views_trace(tmp_path_factory):
+    """A folder as tensorboard_trace_handler writes it: a real CPU torch.profiler trace of a small plain-torch
+    model with every option the plugin's views need (views_model.record_views_trace)."""
+    from views_model import record_views_trace
+
+    return record_views_trace(tmp_path_factory.mktemp("views") / "views")

@@ -466,3 +466,18 @@ def tune_trials_panel(trials: list[dict]) -> Panel:
     figure.update_layout(hovermode="closest")
     height = max(CHART_HEIGHT_PX // 2, 60 + 40 * len(measured))
     return Panel(title, _layout(figure, x_title="speedup over the baseline (×, above 1 is faster)", height=height))
+
+
+def trace_memory_panel(memory_timeline: pd.DataFrame) -> Panel:
+    """Allocated and reserved memory over a trace (profile_memory=True), per rank and device."""
+    title = "Memory over time"
+    if memory_timeline.empty:
+        return Panel(title, None, "No memory events in this trace (record with profile_memory=True).")
+    figure = go.Figure()
+    for (rank, device), frame in memory_timeline.groupby(["rank", "device"]):
+        for column in ("allocated_bytes", "reserved_bytes"):
+            if _has(frame, column):
+                figure.add_scatter(x=frame["ts_us"] / 1e3, y=frame[column] / 2**20, mode="lines",
+                                   name=f"{column.removesuffix('_bytes')} · rank {int(rank)} {device}")
+    return Panel(title, _layout(figure, x_title="ms since the trace's start", y_title="MiB"),
+                 "The highest point of each time slice, so the peak is always drawn.")

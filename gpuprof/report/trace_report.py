@@ -21,7 +21,7 @@ import pandas as pd
 from gpuprof.analysis.run.summary import RunSummary, trace_summary
 from gpuprof.analysis.trace.loader import trace_files, trace_spans
 from gpuprof.analysis.trace.ranks import analyze_ranks
-from gpuprof.analysis.trace.tables import TABLE_NAMES
+from gpuprof.analysis.trace.tables import TABLE_NAMES, VIEW_NEEDS, missing_note, missing_views
 from gpuprof.diagnoses.context import DEVICE_FIGURES, trace_context, trace_meta
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
@@ -55,6 +55,8 @@ class TraceReport:
     # What the trace records of its world and devices, in a run meta's keys (diagnoses.context.trace_meta).
     meta: dict = field(default_factory=dict)
     signature: tuple = ()
+    # The plugin's views the trace lacks the profiler option of (tables.VIEW_NEEDS), e.g. "Memory".
+    missing_views: list[str] = field(default_factory=list)
     # A bare trace, not a gpuprof run: presenters say what only a run records (steps, NVML, numerics).
     bare_trace = True
     run = None
@@ -90,6 +92,7 @@ class TraceReport:
             "verdict": self.verdict.to_dict(),
             "findings": [finding.to_dict() for finding in self.findings],
             "notes": self.notes,
+            "missing_views": {view: VIEW_NEEDS[view][1] for view in self.missing_views},
             "tables": {key: json_safe(table.to_dict("records")) for key, table in self.tables.items()},
         }
 
@@ -125,6 +128,7 @@ def build_trace_report(path, *, include_last_step: bool = False, top: int = TOP_
         tables=result.tables, ranks=result.ranks, has_device_activity=result.has_device_activity,
         include_last_step=include_last_step, missing_ranks=result.missing_ranks, unreadable=result.unreadable,
         spans=spans, notes=failed_rules + notes(result, spans, include_last_step), meta=meta,
+        missing_views=missing_views(result.tables),
     )
 
 
@@ -186,4 +190,4 @@ def notes(result, spans: list[list[Path]], include_last_step: bool) -> list[str]
         lines.append("The last profiler step is left out (as HTA does); --include-last-step keeps it.")
     if result.tables["overview"]["profiler_steps"].eq(0).all():
         lines.append("No ProfilerStep markers: the whole trace is one step (step -1).")
-    return lines
+    return lines + [missing_note(view) for view in missing_views(result.tables)]

@@ -9,8 +9,12 @@ from dataclasses import dataclass
 
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.trace.tables import TABLE_TITLES
+from gpuprof.report.format import figure
 
 NAME_WIDTH = 70
+VERBATIM_WIDTH = 120
+VERBATIM_COLUMNS = ("input_dims", "stack")
+NOT_A_TEXT_TABLE = ("overview", "memory_timeline")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,10 @@ def short_name(name: str) -> str:
     return text if len(text) <= NAME_WIDTH else text[: NAME_WIDTH - 1] + "…"
 
 
+OP_FIGURES = [("count", "count"), ("total_us", "total ms"), ("self_us", "self ms"),
+              ("device_total_us", "device total ms"), ("device_self_us", "device self ms")]
+KERNEL_FIELDS = [("tensor_cores", "tensor cores"), ("blocks_per_sm", "blocks per SM"),
+                 ("est_achieved_occupancy_pct", "est. achieved occupancy %")]
 # Plain views: (column, header).
 COLUMNS = {
     "temporal_breakdown": [("rank", "rank"), ("kernel_time_us", "kernel time ms"), ("idle_time_pct", "idle %"),
@@ -40,7 +48,8 @@ COLUMNS = {
     "kernel_type_breakdown": [("rank", "rank"), ("kernel_type", "kernel type"), ("time_us", "time ms"),
                               ("time_pct", "%")],
     "top_kernels": [("rank", "rank"), ("kernel_type", "type"), ("name", "kernel"), ("count", "count"),
-                    ("total_us", "total ms"), ("mean_us", "mean µs"), ("max_us", "max µs"), ("total_pct", "%")],
+                    ("total_us", "total ms"), ("mean_us", "mean µs"), ("max_us", "max µs"), ("total_pct", "%"),
+                    *KERNEL_FIELDS],
     "comm_comp_overlap": [("rank", "rank"), ("communication_time_us", "communication ms"),
                           ("comm_comp_overlap_pct", "overlapped by computation %")],
     "launch_summary": [("rank", "rank"), ("launches", "launches"), ("short_kernel_pct", "short kernels %"),
@@ -54,8 +63,21 @@ COLUMNS = {
     "stragglers": [("rank", "rank"), ("work_per_step_us", "work/step ms"),
                    ("communication_per_step_us", "comm/step ms"), ("work_vs_median_pct", "work vs median %"),
                    ("communication_vs_median_pct", "comm vs median %"), ("straggler", "straggler")],
-    "top_cpu_ops": [("rank", "rank"), ("name", "op"), ("count", "count"), ("total_us", "total ms"),
-                    ("mean_us", "mean µs")],
+    "top_cpu_ops": [("rank", "rank"), ("name", "op"), *OP_FIGURES],
+    "cpu_ops_by_shape": [("rank", "rank"), ("name", "op"), ("input_dims", "input shapes"), *OP_FIGURES],
+    "cpu_ops_by_stack": [("rank", "rank"), ("name", "op"), ("stack", "call stack (innermost first)"), *OP_FIGURES],
+    "kernels_by_op": [("rank", "rank"), ("op", "op"), ("name", "kernel"), ("count", "count"),
+                      ("total_us", "total ms"), ("mean_us", "mean µs"), *KERNEL_FIELDS],
+    "memory_summary": [("rank", "rank"), ("device", "device"), ("allocations", "allocations"),
+                       ("allocated_bytes", "allocated in all"), ("peak_allocated_bytes", "peak allocated"),
+                       ("peak_at_us", "peak at ms"), ("peak_reserved_bytes", "peak reserved"),
+                       ("end_allocated_bytes", "allocated at the end")],
+    "memory_by_op": [("rank", "rank"), ("device", "device"), ("op", "op"), ("allocations", "allocations"),
+                     ("allocated_bytes", "allocated"), ("frees", "frees"), ("freed_bytes", "freed"),
+                     ("net_bytes", "net")],
+    "module_times": [("rank", "rank"), ("module", "module"), ("calls", "calls"), ("total_us", "total ms"),
+                     ("self_us", "self ms"), ("device_total_us", "device total ms"),
+                     ("device_self_us", "device self ms")],
     "diff": [("kind", "kind"), ("name", "name"), ("count_a", "count A"), ("count_b", "count B"),
              ("count_diff", "count B−A"), ("total_us_a", "A ms"), ("total_us_b", "B ms"),
              ("total_us_diff", "B−A ms")],
@@ -63,12 +85,17 @@ COLUMNS = {
 DIFF_TITLE = "Trace B against trace A, by kernel and op (largest change in time first)"
 
 
-def cell(value, milliseconds: bool = False) -> str:
+def cell(value, milliseconds: bool = False, *, as_bytes: bool = False, verbatim: bool = False) -> str:
+    """`verbatim`: text shown as it is (but its length), not shortened as a kernel or op name."""
     value = json_safe(value)
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if as_bytes:
+        return figure(value, "bytes")
+    if verbatim:
+        return value if len(value) <= VERBATIM_WIDTH else value[: VERBATIM_WIDTH - 1] + "…"
     if milliseconds:
         return f"{value / 1000:,.3f}" if abs(value) < 1000 else f"{value / 1000:,.1f}"
     if isinstance(value, int):
@@ -84,7 +111,8 @@ def _looks_numeric(text: str) -> bool:
 
 def plain_view(key: str, table, title: str | None = None) -> TableView:
     columns = COLUMNS[key]
-    rows = [[cell(row[c], h.endswith(" ms")) for c, h in columns] for row in table.to_dict("records")]
+    rows = [[cell(row[c], h.endswith(" ms"), as_bytes=c.endswith("_bytes"), verbatim=c in VERBATIM_COLUMNS)
+             for c, h in columns] for row in table.to_dict("records")]
     return TableView(title or TABLE_TITLES[key], [h for _, h in columns], rows)
 
 
@@ -131,11 +159,11 @@ SPECIAL_VIEWS = {"step_breakdown": steps_view, "host_device_syncs": syncs_view, 
 
 
 def table_views(tables: dict) -> list[TableView]:
-    """Every non-empty table but the overview, in report order."""
+    """Every non-empty table but the overview and the memory timeline (a chart's points), in report order."""
     views = []
     for key in TABLE_TITLES:
         table = tables.get(key)
-        if key == "overview" or table is None or table.empty:
+        if key in NOT_A_TEXT_TABLE or table is None or table.empty:
             continue
         views.append(SPECIAL_VIEWS[key](table) if key in SPECIAL_VIEWS else plain_view(key, table))
     return views

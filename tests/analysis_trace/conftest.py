@@ -67,6 +67,7 @@ def builder() -> TraceBuilder:
 def cpu_profiler_trace(tmp_path_factory) -> Path:
     """A real torch.profiler trace of a tiny CPU model, four scheduled steps."""
     import torch
+    from views_model import train
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
@@ -76,11 +77,6 @@ def cpu_profiler_trace(tmp_path_factory) -> Path:
     schedule = torch.profiler.schedule(wait=0, warmup=1, active=4, repeat=1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as prof:
-        for inputs, targets in data:
-            loss = torch.nn.functional.mse_loss(model(inputs), targets)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            prof.step()
+        train(model, optimizer, data, prof)
     return path
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from gpuprof.analysis.trace import TraceAnalysis
-from gpuprof.analysis.trace.ranks import analyze_ranks
+from gpuprof.analysis.trace.ranks import LIMITED_TABLES, analyze_ranks
 from gpuprof.analysis.trace.tables import TABLE_TITLES as TABLES
 
 pytestmark = pytest.mark.slow  # multi-process
@@ -98,7 +98,7 @@ def test_whole_trace_and_rank_parallel_analyses_agree_to_the_microsecond():
     whole = TraceAnalysis(SHARED_WORLD)
     parallel = analyze_ranks(SHARED_WORLD, table_names=tuple(TABLES), jobs=2)
     for name in TABLES:  # start/end times included: both on the clock of the earliest rank
-        expected = getattr(whole, name)(10) if name in ("top_kernels", "top_cpu_ops") else getattr(whole, name)()
+        expected = getattr(whole, name)(10) if name in LIMITED_TABLES else getattr(whole, name)()
         pd.testing.assert_frame_equal(parallel.tables[name], expected, check_categorical=False)
 
 

@@ -15,11 +15,12 @@ from gpuprof.report.trace_report import build_trace_report
 
 
 @pytest.fixture(scope="session")
-def traces_root(plugin_traces, sample_root, tmp_path_factory) -> Path:
+def traces_root(plugin_traces, sample_root, views_trace, tmp_path_factory) -> Path:
     """A gpuprof run and folders of plain traces side by side: input-bound, fed by workers, two spans
-    of one worker, and two workers of one span (ranks)."""
+    of one worker, two workers of one span (ranks), and one recorded with every option of the plugin's views."""
     root = tmp_path_factory.mktemp("traces_root")
     shutil.copytree(sample_root / "baseline", root / "baseline")
+    shutil.copytree(views_trace, root / "views")
     for name in ("no_workers", "workers", "two_spans"):
         shutil.copytree(plugin_traces[name], root / name)
     (root / "two_workers").mkdir()
@@ -80,3 +81,27 @@ def test_compare_a_trace_with_a_run_and_with_another_trace(traces_root, open_pag
         if runs == ("no_workers", "workers"):  # two traces: B against A by kernel and op
             diff = app.dataframe[-1].value.set_index(["kind", "name"])
             assert diff.loc[("cpu_op", "aten::mm"), "count_diff"] == 0
+
+
+def test_the_plugins_views_of_a_trace_recorded_with_their_options(traces_root, open_page):
+    memory = open_page(traces_root, "Memory", ("views",))
+    assert not memory.error, texts(memory.error)
+    assert len(memory.get("plotly_chart")) == 1  # memory over time
+    by_op = memory.dataframe[-1].value.set_index("op")
+    assert by_op.loc["aten::addmm", "allocations"] > 0
+    trace = open_page(traces_root, "Trace", ("views",))
+    assert not trace.error and not any("not in this trace" in text for text in texts(trace.info))
+    shown = [frame.value for frame in trace.dataframe]
+    modules = next(frame for frame in shown if "module" in frame.columns)
+    assert "ViewsModel_0.Linear_0" in modules["module"].tolist()
+    assert any("input_dims" in frame.columns and len(frame) for frame in shown)
+    assert any("stack" in frame.columns and len(frame) for frame in shown)
+
+
+def test_views_a_trace_lacks_say_which_option_records_them(traces_root, open_page):
+    trace = open_page(traces_root, "Trace", ("no_workers",))
+    notes = " ".join(texts(trace.info))
+    for option in ("record_shapes=True", "with_stack=True", "profile_memory=True"):
+        assert f"torch.profiler.profile(..., {option}" in notes
+    memory = open_page(traces_root, "Memory", ("no_workers",))
+    assert any("profile_memory=True" in text for text in texts(memory.info)) and not memory.error

@@ -14,7 +14,7 @@ from functools import cached_property
 import pandas as pd
 
 from gpuprof.analysis.trace import across_ranks, cpu_ops, events, idle, kernels, launches, overlap, steps, syncs
-from gpuprof.analysis.trace import collectives
+from gpuprof.analysis.trace import collectives, memory, nn_modules
 from gpuprof.analysis.trace import tensor_cores, temporal
 from gpuprof.analysis.trace.loader import Trace, load_trace
 
@@ -82,5 +82,34 @@ class TraceAnalysis:
     def stragglers(self, threshold_pct: float = across_ranks.THRESHOLD_PCT) -> pd.DataFrame:
         return across_ranks.stragglers(self._steps, threshold_pct)
 
+    @cached_property
+    def _host_trees(self) -> dict:
+        return {rank: cpu_ops.host_tree(rank_trace) for rank, rank_trace in self.trace.ranks.items()}
+
+    @cached_property
+    def _op_times(self) -> dict[int, pd.DataFrame]:
+        return {rank: cpu_ops.op_times(tree) for rank, tree in self._host_trees.items()}
+
     def top_cpu_ops(self, limit: int = 10) -> pd.DataFrame:
-        return cpu_ops.top_cpu_ops(self.trace, limit)
+        return cpu_ops.cpu_op_tables(self._op_times, ["name"], limit, cpu_ops.COLUMNS)
+
+    def cpu_ops_by_shape(self, limit: int = 10) -> pd.DataFrame:
+        return cpu_ops.cpu_op_tables(self._op_times, ["name", "input_dims"], limit, cpu_ops.SHAPE_COLUMNS)
+
+    def cpu_ops_by_stack(self, limit: int = 10) -> pd.DataFrame:
+        return cpu_ops.cpu_op_tables(self._op_times, ["name", "stack"], limit, cpu_ops.STACK_COLUMNS)
+
+    def kernels_by_op(self, limit: int = 10) -> pd.DataFrame:
+        return kernels.kernels_by_op(self.trace, self._host_trees, limit)
+
+    def memory_timeline(self) -> pd.DataFrame:
+        return memory.memory_timeline(self.trace)
+
+    def memory_summary(self) -> pd.DataFrame:
+        return memory.memory_summary(self.trace)
+
+    def memory_by_op(self, limit: int = 10) -> pd.DataFrame:
+        return memory.memory_by_op(self.trace, self._host_trees, limit)
+
+    def module_times(self, limit: int | None = None) -> pd.DataFrame:
+        return nn_modules.module_times(self.trace, self._host_trees, limit)

@@ -41,26 +41,36 @@ def drop_last_step(events: pd.DataFrame, include_last_step: bool) -> pd.DataFram
     the device events they launched. With `include_last_step`, host events up to the end
     of the last step. Traces with fewer than two steps are kept whole, as in HTA, and so are
     traces whose steps all start at once (dropping the last would leave no window at all)."""
-    steps = profiler_steps(events)
-    if steps["ts_us"].nunique() < 2:
+    cutoff = host_cutoff_us(events, include_last_step)
+    if cutoff is None:
         return events
     host = ~events["is_device"].to_numpy()
-    if include_last_step:
-        kept_host = host & (events["ts_us"].to_numpy() <= steps["end_us"].max())
-    else:
-        kept_host = host & (events["ts_us"].to_numpy() < steps["ts_us"].max())
+    kept_host = host & (events["ts_us"].to_numpy() < cutoff)
     correlation = events["correlation"].to_numpy()
     launched = np.isin(correlation, correlation[kept_host & (correlation >= 0)])
     kept_device = ~host & (correlation >= 0) & launched
     return events[kept_host | kept_device].reset_index(drop=True)
 
 
+def host_cutoff_us(events: pd.DataFrame, include_last_step: bool) -> int | None:
+    """Host events (and memory events) starting before this time are in the analysis window; None: all are."""
+    steps = profiler_steps(events)
+    if steps["ts_us"].nunique() < 2:
+        return None
+    return int(steps["end_us"].max()) + 1 if include_last_step else int(steps["ts_us"].max())
+
+
 def windowed(trace: Trace, include_last_step: bool) -> Trace:
-    ranks = {
-        rank: replace(rank_trace, events=drop_last_step(rank_trace.events, include_last_step))
-        for rank, rank_trace in trace.ranks.items()
-    }
+    ranks = {rank: _windowed_rank(rank_trace, include_last_step) for rank, rank_trace in trace.ranks.items()}
     return replace(trace, ranks=ranks)
+
+
+def _windowed_rank(rank_trace: RankTrace, include_last_step: bool) -> RankTrace:
+    cutoff = host_cutoff_us(rank_trace.events, include_last_step)
+    memory = rank_trace.memory
+    if cutoff is not None and len(memory):
+        memory = memory[memory["ts_us"].to_numpy() < cutoff].reset_index(drop=True)
+    return replace(rank_trace, events=drop_last_step(rank_trace.events, include_last_step), memory=memory)
 
 
 def step_windows(rank_trace: RankTrace) -> pd.DataFrame:

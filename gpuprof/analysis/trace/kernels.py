@@ -1,17 +1,25 @@
-"""Kernel breakdown: time by kernel type with their overlaps (as HTA), and top kernels."""
+"""Kernel breakdown: time by kernel type with their overlaps (as HTA), top kernels, and kernels by the op that
+launched them (the TensorBoard plugin's kernel view), with tensor-core use and Kineto's occupancy fields."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from gpuprof.analysis import intervals
+from gpuprof.analysis.trace import nesting
+from gpuprof.analysis.trace.classify import TENSOR_CORE_RE, matches
 from gpuprof.analysis.trace.events import device_events, spans
 from gpuprof.analysis.trace.loader import Trace
 
 # HTA's order, which also names the overlaps ("computation overlapping communication").
 SPLIT_TYPES = ("computation", "communication", "memory")
 TYPE_COLUMNS = ["rank", "kernel_type", "time_us", "time_pct"]
-TOP_COLUMNS = ["rank", "kernel_type", "name", "count", "total_us", "mean_us", "max_us", "min_us", "total_pct"]
+# Kineto's occupancy fields (loader columns) and their names in the tables.
+OCCUPANCY_COLUMNS = {"blocks_per_sm": "blocks_per_sm", "occupancy_pct": "est_achieved_occupancy_pct"}
+KERNEL_FIGURES = ["count", "total_us", "mean_us", "max_us", "min_us", "tensor_cores", *OCCUPANCY_COLUMNS.values()]
+TOP_COLUMNS = ["rank", "kernel_type", "name", *KERNEL_FIGURES, "total_pct"]
+BY_OP_COLUMNS = ["rank", "op", "name", *KERNEL_FIGURES]
 
 
 def kernel_type_breakdown(trace: Trace) -> pd.DataFrame:
@@ -41,20 +49,65 @@ def _type_split(rank: int, events: pd.DataFrame) -> pd.DataFrame:
 
 
 def top_kernels(trace: Trace, limit: int = 10) -> pd.DataFrame:
-    """The `limit` device events with the most total time per rank and kernel type."""
+    """The `limit` device events with the most total time per rank and kernel type, with whether each runs
+    on tensor cores and its occupancy where Kineto records it (duration-weighted means, as the plugin's)."""
     tables = []
     for rank, rank_trace in trace.ranks.items():
         device = device_events(rank_trace.events)
         if device.empty:
             continue
-        grouped = device.groupby(["kernel_type", "name"], observed=True)["dur_us"]
-        stats = grouped.agg(count="count", total_us="sum", mean_us="mean", max_us="max", min_us="min")
-        stats = stats.reset_index()
+        stats = _kernel_stats(device, ["kernel_type", "name"])
         stats["total_pct"] = (100 * stats["total_us"] / stats["total_us"].sum()).round(2)
         stats["rank"] = rank
-        stats["mean_us"] = stats["mean_us"].round(2)
         stats = stats.sort_values("total_us", ascending=False, kind="stable").head(limit)
         stats["kernel_type"] = stats["kernel_type"].astype(str)
-        stats["name"] = stats["name"].astype(str)
         tables.append(stats[TOP_COLUMNS])
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=TOP_COLUMNS)
+
+
+def kernels_by_op(trace: Trace, trees: dict, limit: int | None = 10) -> pd.DataFrame:
+    """Device time by the CPU op that launched it (the innermost op around the launch call) and kernel:
+    the `limit` pairs with the most time per rank. `trees`: cpu_ops.host_tree of each rank."""
+    tables = []
+    for rank, rank_trace in trace.ranks.items():
+        device = device_events(rank_trace.events)
+        if device.empty:
+            continue
+        device = device.assign(op=device["correlation"].map(_launching_ops(trees[rank])))
+        stats = _kernel_stats(device.dropna(subset=["op"]), ["op", "name"])
+        stats["rank"] = rank
+        stats = stats.sort_values("total_us", ascending=False, kind="stable").head(limit)
+        tables.append(stats[BY_OP_COLUMNS])
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=BY_OP_COLUMNS)
+
+
+def _launching_ops(tree) -> pd.Series:
+    """The innermost CPU op around each launch call, by correlation id."""
+    events = tree.events
+    is_op = events["kind"].eq("cpu_op").to_numpy()
+    calls = np.flatnonzero(events["kind"].eq("runtime").to_numpy() & (events["correlation"].to_numpy() >= 0))
+    owner = nesting.nearest(tree.parent, is_op)[calls]
+    calls, owner = calls[owner >= 0], owner[owner >= 0]
+    ops = pd.Series(events["name"].to_numpy()[owner], index=events["correlation"].to_numpy()[calls])
+    return ops[~ops.index.duplicated()]
+
+
+def _kernel_stats(device: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Count and time per group of `keys`, tensor-core use (by name), and duration-weighted blocks per SM
+    and achieved occupancy over the kernels that record them (NaN where none does)."""
+    recorded = {column: device[column].notna().to_numpy() * device["dur_us"].to_numpy()
+                for column in OCCUPANCY_COLUMNS}
+    frame = device[[*keys, "dur_us"]].assign(
+        **{f"{column}_weight": weight for column, weight in recorded.items()},
+        **{f"{column}_weighted": device[column].fillna(0).to_numpy() * weight for column, weight in recorded.items()})
+    grouped = frame.groupby(keys, observed=True)
+    stats = grouped["dur_us"].agg(count="count", total_us="sum", mean_us="mean", max_us="max", min_us="min")
+    sums = grouped[[c for c in frame.columns if c.endswith(("_weight", "_weighted"))]].sum()
+    for column, label in OCCUPANCY_COLUMNS.items():
+        weight = sums[f"{column}_weight"]
+        stats[label] = (sums[f"{column}_weighted"] / weight.where(weight > 0)).round(2)
+    stats = stats.reset_index()
+    stats["name"] = stats["name"].astype(str)
+    stats["mean_us"] = stats["mean_us"].round(2)
+    stats["tensor_cores"] = matches(stats["name"], TENSOR_CORE_RE)
+    return stats

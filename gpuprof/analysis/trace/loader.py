@@ -16,10 +16,12 @@ the earliest event of all ranks.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -34,6 +36,10 @@ MAX_TIME_US = 1e17  # about 3,000 years: anything larger is not a timestamp
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # tensorboard_trace_handler's file names: WORKER.TIMESTAMP.pt.trace.json[.gz] (ms in torch 1.x, ns since).
 PLUGIN_FILE_RE = re.compile(r"^(?P<worker>.+)\.(?P<timestamp>\d+)\.pt\.trace\.json(\.gz)?$")
+MEMORY_EVENT = "[memory]"
+MEMORY_FIGURES = ("bytes", "total_allocated_bytes", "total_reserved_bytes")
+# RankTrace.memory: one row per "[memory]" event, in time order (bytes < 0: a free).
+MEMORY_COLUMNS = ["ts_us", "pid", "tid", "device", *MEMORY_FIGURES]
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -41,6 +47,18 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     correlation: int | None = -1
     stream: int | str | None = -1
     device: int | str | None = -1
+    # record_shapes=True (any shape: shown as written); with_stack=True in torch < 1.11 (later: python_function events).
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    # Kineto's occupancy fields of CUDA kernels (NaN, not None, when absent: a list of floats converts fastest).
+    blocks_per_sm: float | str | None = msgspec.field(default=math.nan, name="blocks per SM")
+    occupancy_pct: float | str | None = msgspec.field(default=math.nan, name="est. achieved occupancy %")
+    # profile_memory=True: the "[memory]" instant events.
+    bytes: int | float | str | None = msgspec.field(default=None, name="Bytes")
+    total_allocated: int | float | str | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | float | str | None = msgspec.field(default=None, name="Total Reserved")
+    device_type: int | str | None = msgspec.field(default=None, name="Device Type")
+    device_id: int | str | None = msgspec.field(default=None, name="Device Id")
 
 
 _NO_ARGS = _Args()
@@ -79,6 +97,8 @@ class RankTrace:
     world_size: int | None = None
     backend: str | None = None
     device_properties: list[dict] = field(default_factory=list)
+    # profile_memory=True's allocations and frees (MEMORY_COLUMNS); empty when not recorded.
+    memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
 
     @property
     def has_device_activity(self) -> bool:
@@ -147,9 +167,11 @@ def _read_file(file: Path) -> dict:
     if columns.count == 0:
         raise TraceFormatError(f"{file}: empty trace (no complete 'X' events)")
     info = document.distributedInfo or _DistributedInfo()
+    complete, memory = columns.finish()
     return {
         "file": file,
-        "columns": columns.finish(),
+        "columns": complete,
+        "memory": memory,
         "ts_min": columns.start_min,
         "rank": _as_int(info.rank) if _as_int(info.rank) >= 0 else None,
         "world_size": _as_int(info.world_size) if _as_int(info.world_size) > 0 else None,
@@ -161,17 +183,22 @@ def _read_file(file: Path) -> dict:
 class _Columns:
     """Accumulates the complete events of each decoded chunk as compact arrays."""
 
-    STRINGS = ("name", "cat", "pid", "tid")
+    EVENT_STRINGS = ("name", "cat", "pid", "tid")
+    STRINGS = (*EVENT_STRINGS, "input_dims", "stack")
     INTEGERS = ("stream", "device", "correlation", "external_id")
+    FLOATS = ("blocks_per_sm", "occupancy_pct")
 
     def __init__(self, file: Path):
         self.file = file
         self.codes = {key: {None: -1} for key in self.STRINGS}
-        self.parts: dict[str, list[np.ndarray]] = {key: [] for key in (*self.STRINGS, *self.INTEGERS, "start_abs", "end_abs")}
+        self.parts: dict[str, list[np.ndarray]] = {
+            key: [] for key in (*self.STRINGS, *self.INTEGERS, *self.FLOATS, "start_abs", "end_abs")}
         self.count = 0
         self.start_min = np.inf
+        self.memory = _MemoryColumns(self.codes)
 
     def add(self, events: list[_Event], offset: int) -> None:
+        self.memory.add([e for e in events if e.ph == "i" and e.name == MEMORY_EVENT and e.ts is not None])
         complete = [e for e in events if e.ph == "X" and e.cat != "Trace"]
         if not complete:
             return
@@ -190,19 +217,86 @@ class _Columns:
         self.parts["start_abs"].append(start)
         self.parts["end_abs"].append(np.floor(ts + dur))
         self.start_min = min(self.start_min, float(start.min()))
-        for key in self.STRINGS:
+        for key in self.EVENT_STRINGS:
             self.parts[key].append(_codes(list(map(attrgetter(key), complete)), self.codes[key]))
         args = [e.args or _NO_ARGS for e in complete]
         for key in self.INTEGERS:
             self.parts[key].append(_int_column(list(map(attrgetter(key), args))))
+        for key in self.FLOATS:
+            self.parts[key].append(_float_column(list(map(attrgetter(key), args)), np.float32))
+        for key, texts in (("input_dims", _shape_texts(args)), ("stack", list(map(attrgetter("call_stack"), args)))):
+            self.parts[key].append(_codes(texts, self.codes[key]))
         self.count += len(complete)
 
-    def finish(self) -> dict:
+    def finish(self) -> tuple[dict, dict]:
+        """The complete events' columns, and the memory events' (empty without any)."""
         # Concatenate and release one column at a time, so peak memory holds one extra column.
         columns = {key: np.concatenate(self.parts.pop(key)) for key in list(self.parts)}
         for key in self.STRINGS:
             columns[key] = _categorical(columns[key], self.codes[key])
+        return columns, self.memory.finish(lambda codes, key: _categorical(codes, self.codes[key]))
+
+
+class _MemoryColumns:
+    """The "[memory]" instant events of profile_memory=True: one allocation (bytes > 0) or free each,
+    with the allocator's totals after it (absent before torch 1.10: NaN)."""
+
+    THREAD = ("pid", "tid")
+
+    def __init__(self, codes: dict):
+        self.codes = codes  # the complete events' code tables of pid and tid
+        self.parts: dict[str, list[np.ndarray]] = {key: [] for key in ("ts_abs", *self.THREAD, *MEMORY_FIGURES)}
+        self.device_parts: list[list[str]] = []
+
+    def add(self, events: list[_Event]) -> None:
+        if not events:
+            return
+        args = [e.args or _NO_ARGS for e in events]
+        self.parts["ts_abs"].append(np.array([e.ts for e in events], dtype=np.float64))
+        for key in self.THREAD:
+            self.parts[key].append(_codes(list(map(attrgetter(key), events)), self.codes[key]))
+        for key, column in (("bytes", "bytes"), ("total_allocated_bytes", "total_allocated"),
+                            ("total_reserved_bytes", "total_reserved")):
+            self.parts[key].append(_float_column(list(map(attrgetter(column), args)), np.float64))
+        self.device_parts.append([_device_name(a.device_type, a.device_id) for a in args])
+
+    def finish(self, categorical) -> dict:
+        """`categorical(codes, key)`: pid and tid as the complete events' columns have them."""
+        if not self.device_parts:
+            return {}
+        columns = {key: np.concatenate(parts) for key, parts in self.parts.items()}
+        for key in self.THREAD:
+            columns[key] = categorical(columns[key], key)
+        columns["device"] = pd.Categorical([name for part in self.device_parts for name in part])
         return columns
+
+
+def _device_name(device_type, device_id) -> str:
+    """c10's DeviceType numbering: 0 is the CPU, 1 CUDA (ROCm reports as CUDA)."""
+    kind = {0: "cpu", 1: "cuda"}.get(_as_int(device_type), f"device type {device_type}")
+    index = _as_int(device_id)
+    return kind if kind == "cpu" or index < 0 else f"{kind}:{index}"
+
+
+def _shape_texts(args: list[_Args]) -> list[str | None]:
+    """The recorded input shapes as text, e.g. "[[8, 32], [64, 32], [64]]" (None where not recorded)."""
+    shapes = list(map(attrgetter("input_dims"), args))
+    return shapes if shapes.count(None) == len(shapes) else [None if v is None else str(v) for v in shapes]
+
+
+def _float_column(values: list, dtype) -> np.ndarray:
+    """Numbers, NaN where absent (numpy reads None as NaN) or not a number."""
+    try:
+        return np.array(values, dtype=dtype)
+    except (TypeError, ValueError):
+        return np.array([_as_float(v) for v in values], dtype=dtype)
+
+
+def _as_float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
 
 
 def _as_int(value) -> int:
@@ -242,6 +336,8 @@ def _codes(values: list, codes_by_value: dict) -> np.ndarray:
 
     pandas' hash-based factorize does the per-event work in C; only distinct values
     go through the Python table."""
+    if values.count(None) == len(values):
+        return np.full(len(values), -1, dtype=np.int32)
     local_codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=True)
     table = np.array([codes_by_value.setdefault(v, len(codes_by_value) - 1) for v in uniques] + [-1], dtype=np.int32)
     return table[local_codes]  # local code -1 (missing) picks the trailing -1
@@ -267,7 +363,7 @@ def _rank_trace(rank: int, item: dict, base: float) -> RankTrace:
     for key in _Columns.STRINGS:
         values = columns.pop(key)
         data[key] = pd.Categorical.from_codes(values.codes[order], dtype=values.dtype)
-    for key in _Columns.INTEGERS:
+    for key in (*_Columns.INTEGERS, *_Columns.FLOATS):
         data[key] = columns.pop(key)[order]
     frame = pd.DataFrame(data, copy=False)
     frame["kind"] = event_kinds(frame["cat"])
@@ -280,4 +376,15 @@ def _rank_trace(rank: int, item: dict, base: float) -> RankTrace:
         world_size=item["world_size"],
         backend=item["backend"],
         device_properties=item["device_properties"],
+        memory=_memory_frame(item.pop("memory"), base),
     )
+
+
+def _memory_frame(columns: dict, base: float) -> pd.DataFrame:
+    if not columns:
+        return pd.DataFrame(columns=MEMORY_COLUMNS)
+    order = np.argsort(columns["ts_abs"], kind="stable")
+    data = {"ts_us": (np.ceil(columns.pop("ts_abs")[order]) - base).astype(np.int64)}
+    for key in MEMORY_COLUMNS[1:]:
+        data[key] = columns[key][order]
+    return pd.DataFrame(data)

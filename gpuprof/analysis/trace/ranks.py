@@ -30,7 +30,8 @@ CROSS_RANK_TABLES = {
     "rank_spread": across_ranks.rank_spread,
     "stragglers": across_ranks.stragglers,
 }
-LIMITED_TABLES = ("top_kernels", "top_cpu_ops")
+LIMITED_TABLES = ("top_kernels", "top_cpu_ops", "cpu_ops_by_shape", "cpu_ops_by_stack", "kernels_by_op",
+                  "memory_by_op", "module_times")
 # Columns holding a time on the trace's clock (not a duration): shifted onto the earliest rank's.
 TIME_COLUMNS = ("start_us", "end_us", "ts_us")
 

@@ -17,6 +17,32 @@ TABLE_TITLES = {
     "tensor_core_share": "Tensor-core share of matmul time",
     "rank_spread": "Step time per rank",
     "stragglers": "Straggler candidates",
-    "top_cpu_ops": "Top CPU ops (inclusive time)",
+    "top_cpu_ops": "Operators: host and device time, total and self",
+    "cpu_ops_by_shape": "Operators by input shape",
+    "cpu_ops_by_stack": "Operators by call stack",
+    "kernels_by_op": "Kernels by the operator that launched them",
+    "memory_summary": "Memory per device",
+    "memory_timeline": "Memory over time",
+    "memory_by_op": "Memory allocated by operator",
+    "module_times": "Modules",
 }
 TABLE_NAMES = tuple(TABLE_TITLES)
+# The views only a trace recorded with a profiler option can fill: their tables, and the option.
+VIEW_NEEDS = {
+    "Input shapes": (("cpu_ops_by_shape",), "record_shapes=True"),
+    "Call stacks": (("cpu_ops_by_stack",), "with_stack=True"),
+    "Memory": (("memory_summary", "memory_timeline", "memory_by_op"), "profile_memory=True"),
+    "Modules": (("module_times",), "with_stack=True (the nn.Module frames come from the Python tracer; "
+                "with_modules=True adds TorchScript modules)"),
+}
+
+
+def missing_note(view: str) -> str:
+    """What a reader of `view` is told when the trace lacks its profiler option."""
+    return f"{view}: not in this trace; record it with torch.profiler.profile(..., {VIEW_NEEDS[view][1]})"
+
+
+def missing_views(tables: dict) -> list[str]:
+    """The views of VIEW_NEEDS whose tables (`tables`: name -> DataFrame) are all empty."""
+    return [view for view, (names, _) in VIEW_NEEDS.items()
+            if all(name in tables and len(tables[name]) == 0 for name in names)]

@@ -1,5 +1,6 @@
 """Memory page: a run's CUDA memory snapshots (the one written on out-of-memory, and those the loop
-took with `prof.memory_snapshot()`): the allocation timeline and the largest live allocations."""
+took with `prof.memory_snapshot()`): the allocation timeline and the largest live allocations; for a folder of
+plain traces, the trace's memory view (profile_memory=True)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
+from gpuprof.analysis.trace.tables import TABLE_TITLES, missing_note, missing_views
 from gpuprof.dashboard import data
+from gpuprof.dashboard.charts import trace_memory_panel
 from gpuprof.dashboard.downsample import lttb
-from gpuprof.dashboard.views.common import need_runs, section, show_not_in_a_trace
+from gpuprof.dashboard.views.common import need_runs, section, show_not_in_a_trace, show_panel
 from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
 from gpuprof.run.reader import load_run
@@ -72,11 +75,26 @@ def show(snapshot: MemorySnapshot) -> None:
     st.dataframe(snapshot.top_allocations, hide_index=True, key="memory_top")
 
 
+def show_trace_memory(tables: dict) -> None:
+    """A plain trace's memory view (its latest span): memory over time, per device and by operator, or
+    how to record it."""
+    if "Memory" in missing_views(tables):
+        st.info(missing_note("Memory"))
+        return
+    with section("Trace memory"):
+        st.subheader(TABLE_TITLES["memory_summary"])
+        st.dataframe(tables["memory_summary"], hide_index=True, key="trace_memory_summary")
+        show_panel(trace_memory_panel(tables["memory_timeline"]))
+        st.subheader(TABLE_TITLES["memory_by_op"])
+        st.dataframe(tables["memory_by_op"], hide_index=True, key="trace_memory_by_op")
+
+
 def pick_snapshot(entry) -> Path | None:
     """The snapshot to show, picked among the run's (the out-of-memory one labelled); None, saying how
     to take one, when the run has none."""
     if entry.bare_trace:
-        show_not_in_a_trace("the memory of the run", ("memory snapshots",))
+        show_trace_memory(entry.report.tables)
+        show_not_in_a_trace("a CUDA memory snapshot", ("memory snapshots",))
         return None
     files = load_run(entry.path).snapshot_files
     if not files:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from gpuprof.analysis.trace.tables import TABLE_TITLES
+from gpuprof.analysis.trace.tables import TABLE_TITLES, VIEW_NEEDS, missing_note, missing_views
 from gpuprof.dashboard import data
-from gpuprof.dashboard.charts import kernel_types_panel, top_kernels_panel, trace_steps_panel
+from gpuprof.dashboard.charts import kernel_types_panel, top_kernels_panel, trace_memory_panel, trace_steps_panel
 from gpuprof.dashboard.views import timeline
 from gpuprof.dashboard.views.common import section, show_panel
 from gpuprof.report import TraceWindow
@@ -64,10 +64,18 @@ def show_tables(tables: dict, step_links=None) -> None:
     show_panel(kernel_types_panel(tables["kernel_type_breakdown"]))
     show_panel(top_kernels_panel(tables["top_kernels"]))
     st.dataframe(tables["top_kernels"], hide_index=True, key="top_kernels_table")
+    missing = missing_views(tables)
+    shown_apart = [name for view in missing for name in VIEW_NEEDS[view][0]]
     for name, title in TABLE_TITLES.items():
-        if name not in SHOWN_FIRST:
-            st.subheader(title)
-            st.dataframe(tables[name], hide_index=True, key=f"trace_{name}")
+        if name in SHOWN_FIRST or name in shown_apart:
+            continue
+        if name == "memory_timeline":
+            show_panel(trace_memory_panel(tables[name]))
+            continue
+        st.subheader(title)
+        st.dataframe(tables[name], hide_index=True, key=f"trace_{name}")
+    for view in missing:
+        st.info(missing_note(view))
 
 
 def render(root, entries, selected) -> None:
