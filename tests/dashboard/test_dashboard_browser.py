@@ -149,6 +149,7 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
                           *(f"plain traces: {name}" for name, *_ in TRACE_PAGES)}
     runs_text = shown["Runs"]["text"]
     assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text
+    assert "None" not in runs_text  # a figure a run lacks (MFU on a CPU) reads n/a
     (tmp_path / "run_page.png").write_bytes(screenshot)
     from PIL import Image
 

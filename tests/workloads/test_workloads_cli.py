@@ -104,3 +104,15 @@ def test_every_config_knob_has_a_flag():
     assert unchanged == []
     assert (config["model_size"], config["precision"], config["grad_accum"], config["compile"]) == (
         "gpt2", "bf16", 3, True)
+
+
+def test_the_demos_training_runs_keep_kinetos_start_and_stop_lines_off_the_terminal(tmp_path, capfd):
+    """`gpuprof demo` trains in child processes that share its terminal: their trace windows start and stop
+    the profiler, and kineto would print a line at each, into the middle of the progress bars."""
+    from gpuprof.cli.demo import _gpuprof_subprocess
+
+    _gpuprof_subprocess(["train", *SMALL_FLAGS, "--steps", "3", "--trace-steps", "1:2", "--num-workers", "0",
+                         "--run-dir", str(tmp_path / "run")])
+    printed = capfd.readouterr()
+    assert gpuprof.load_run(tmp_path / "run").trace_files  # the profiler did start and stop
+    assert "USDT:" not in printed.err + printed.out and "profiler_start" not in printed.err

@@ -8,22 +8,18 @@ import pandas as pd
 import streamlit as st
 
 from gpuprof.dashboard import MAX_SELECTED_RUNS
-from gpuprof.report.format import GIB, device_label, model_label, variant_label
+from gpuprof.report.format import GIB, MISSING, device_label, model_label, variant_label
 
 
 def _row(entry) -> dict:
     report, meta = entry.report, entry.meta
     summary = report.summary
     severities = [finding.severity for finding in report.findings]
+    # the figures first: a wide table scrolls, and what sets runs apart should show without scrolling
     return {
         "run": entry.name,
         "kind": "plain trace" if entry.bare_trace else "gpuprof run",
         "verdict": report.verdict.headline,
-        "status": entry.status,
-        "device": device_label(meta),
-        "model": model_label(meta),
-        "variant": variant_label(meta),
-        "ranks": summary.world_size,
         "steps": summary.n_steps,
         "step p50 ms": summary.step_time_p50_s * 1e3 if summary.step_time_p50_s is not None else None,
         "tokens/s": summary.tokens_per_s,
@@ -32,7 +28,16 @@ def _row(entry) -> dict:
                             if summary.peak_memory_bytes is not None else None),
         "critical": severities.count("critical"),
         "warnings": severities.count("warning"),
+        "status": entry.status,
+        "device": device_label(meta),
+        "model": model_label(meta),
+        "variant": variant_label(meta),
+        "ranks": summary.world_size,
     }
+
+
+# Number formats of the figures; a figure a run lacks reads MISSING, not "None".
+FIGURE_FORMATS = {"step p50 ms": "{:,.1f}", "tokens/s": "{:,.0f}", "MFU %": "{:.1f}", "peak memory GiB": "{:.3f}"}
 
 
 def _select_rows(names: list[str]) -> None:
@@ -55,17 +60,12 @@ def render(root, entries, selected) -> None:
     if readable:
         table = pd.DataFrame([_row(entry) for entry in readable])
         st.dataframe(
-            table, hide_index=True, key="runs_table", on_select=partial(_select_rows, table["run"].tolist()),
-            selection_mode="multi-row",
-            column_config={
-                "step p50 ms": st.column_config.NumberColumn(format="%.1f"),
-                "tokens/s": st.column_config.NumberColumn(format="%.0f"),
-                "MFU %": st.column_config.NumberColumn(format="%.1f"),
-                "peak memory GiB": st.column_config.NumberColumn(format="%.3f"),
-            },
+            table.style.format(FIGURE_FORMATS, na_rep=MISSING), hide_index=True, key="runs_table",
+            on_select=partial(_select_rows, table["run"].tolist()), selection_mode="multi-row",
+            column_config={"verdict": st.column_config.TextColumn(width="medium")},
         )
         devices = sorted({device_label(entry.meta) for entry in readable})
-        st.caption(f"Recorded on: {', '.join(devices)}. Select one run (Run page) or two (Compare): "
+        st.caption(f"Recorded on: {', '.join(devices)}. Select one run (Run page) or two or more (Compare): "
                    "tick rows here or pick them in the sidebar.")
     for entry in entries:
         if not entry.ok:
