@@ -101,10 +101,11 @@ def chromium_page():
         browser.close()
 
 
-def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, folder: Path) -> Path:
-    """The sample runs, a run with a trace window and memory snapshots, and plain traces, in one folder."""
+def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, views_trace: Path, folder: Path) -> Path:
+    """The sample runs, a run with a trace window and memory snapshots, and plain traces (one recorded with
+    every option of the plugin's views), in one folder."""
     for run in (*(sample_root / name for name in ("baseline", "optimized", "nan", "slow-data", "ddp-2rank", "tune")),
-                snapshot_root / "snap", plugin_traces["no_workers"], plugin_traces["workers"]):
+                snapshot_root / "snap", plugin_traces["no_workers"], plugin_traces["workers"], views_trace):
         shutil.copytree(run, folder / run.name)
     return folder
 
@@ -115,6 +116,7 @@ TRACE_PAGES = (
     ("Trace", ("no_workers",), 1, 5, ["Step time breakdown", "Timeline of a step"]),
     ("Distributed", ("workers",), 0, 0, ["single process"]),
     ("Compare", ("no_workers", "workers"), 2, 1, ["Bound by input", "Step time breakdown"]),
+    ("Memory", ("views",), 1, 2, ["Memory over time", "Memory allocated by operator", "aten::addmm"]),
 )
 
 
@@ -123,9 +125,10 @@ TRACE_PAGES = (
                     "`chromium` where it can: apt-get install -y chromium)")
 @pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
 def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in_chromium(
-        sample_root, snapshot_root, plugin_traces, tmp_path, start_dashboard):
+        sample_root, snapshot_root, plugin_traces, views_trace, tmp_path, start_dashboard):
     titles = [finding.title for finding in diagnose(load_run(sample_root / "slow-data"))]
-    server = start_dashboard(str(browser_root(sample_root, snapshot_root, plugin_traces, tmp_path / "runs")))
+    server = start_dashboard(str(browser_root(sample_root, snapshot_root, plugin_traces, views_trace,
+                                              tmp_path / "runs")))
     url = server.url
     with chromium_page() as page:
         shown = {}
