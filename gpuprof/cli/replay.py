@@ -22,8 +22,10 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuprof.numerics.blame import format_blame
     from gpuprof.numerics.replay import replay, same_blame
+    from gpuprof.workloads.gpt2.faults import replay_model
 
-    blame, recorded = replay(args.bundle, device=None if args.device == "auto" else args.device)
+    blame, recorded = replay(args.bundle, device=None if args.device == "auto" else args.device,
+                             builders={"gpt2": replay_model})  # the reference workload's own bundles
     print(format_blame(blame))
     if same_blame(blame, recorded):
         print("same blame as recorded during training")

@@ -1,14 +1,14 @@
 """Re-run the step in a replay bundle on this machine: `replay(path)` -> the same Blame.
 
-The model is rebuilt either by a builder that gpuprof itself knows (the name in the bundle
-selects one of `BUILDERS`; nothing in a bundle is imported or called) or from the `model`
-and `loss_fn` the caller passes, for models gpuprof cannot build.
+The model is rebuilt either by a builder (the name in the bundle selects one of `BUILDERS`, or of the
+`builders` the caller adds, as `gpuprof replay` adds the reference workload's; nothing in a bundle is
+imported or called) or from the `model` and `loss_fn` the caller passes, for models gpuprof cannot build.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,13 +23,17 @@ from gpuprof.optimizers import one_optimizer
 SAME_BLAME_FIELDS = ("step", "phase", "module", "op", "first")
 
 
+# builder(config) -> (the model, its loss function or None)
+Builder = Callable[[dict[str, Any]], tuple[torch.nn.Module, LossFn | None]]
+
+
 def replay(path: str | os.PathLike, *, model: torch.nn.Module | None = None, loss_fn: LossFn | None = None,
-           device: str | None = None) -> tuple[Blame, Blame]:
+           device: str | None = None, builders: dict[str, Builder] | None = None) -> tuple[Blame, Blame]:
     """(the blame of this re-run, the blame recorded when the bundle was written)."""
     contents = bundle.load(path)
     device = torch.device(device or ("cuda" if contents.get("device_type") == "cuda"
                                      and torch.cuda.is_available() else "cpu"))
-    model, loss_fn = _model_and_loss(contents, model, loss_fn)
+    model, loss_fn = _model_and_loss(contents, model, loss_fn, {**BUILDERS, **(builders or {})})
     try:
         model.load_state_dict(contents["model_state"])
     except RuntimeError as error:
@@ -73,29 +77,22 @@ def _micro_batches(contents: dict[str, Any], device: torch.device) -> list:
         raise BundleError(f"this bundle's recorded loss cannot be replayed: {error}") from None
 
 
-def gpt2_workload_model(config: dict[str, Any]) -> tuple[torch.nn.Module, LossFn]:
-    """The reference workload's model, with its fault modules, and its loss."""
-    from gpuprof.workloads.gpt2.faults import replay_model  # the workload is only needed for its own bundles
-
-    return replay_model(config)
-
-
-BUILDERS = {"gpt2": gpt2_workload_model, "transformers": transformers_model}
+BUILDERS: dict[str, Builder] = {"transformers": transformers_model}
 
 
 def same_blame(a: Blame, b: Blame) -> bool:
     return all(getattr(a, name) == getattr(b, name) for name in SAME_BLAME_FIELDS)
 
 
-def _model_and_loss(contents: dict[str, Any], model, loss_fn):
+def _model_and_loss(contents: dict[str, Any], model, loss_fn, builders: dict[str, Builder]):
     if model is not None:
         return model, loss_fn or default_loss
     builder = contents.get("builder") or {}
-    if builder.get("name") not in BUILDERS:
+    if builder.get("name") not in builders:
         raise BundleError("this bundle's model cannot be rebuilt from the command line; replay it from Python "
                           "with gpuprof.numerics.replay.replay(path, model=..., loss_fn=...)")
     try:
-        model, built_loss = BUILDERS[builder["name"]](builder.get("config") or {})
+        model, built_loss = builders[builder["name"]](builder.get("config") or {})
     except BundleError:
         raise
     except Exception as error:  # noqa: BLE001 - a config that builds no model is bad input
