@@ -11,10 +11,11 @@ the quick ones first, so a run cut short keeps what they measured):
   overhead     the optimized model in benchmarks/overhead.py's loop, bare vs always-on capture, interleaved,
                on loops written the ways users write them (loss outside the model, with and without
                clip_grad_norm_, or labels= with phases marked), and with numerics' state kept every step
-               or not at all
+               or not at all; 30 pairs each, with the memory capture adds (peak_memory_added_pct)
   overhead_small_step  benchmarks/overhead.py's small-step loop (tiny GPT-2, 4x64 tokens) on this device
-  sync_debug   torch.cuda.set_sync_debug_mode("error") around healthy captured steps of each default loop,
-               then "warn" to name any synchronizing call site (CUDA only)
+  sync_debug   torch.cuda.set_sync_debug_mode("error") armed after 2 warm-up steps, around healthy captured
+               steps of each default loop (`after_warmup`), then "warn" to name any synchronizing call site
+               (CUDA only)
   forensics    `gpuprof train --inject` attn-overflow (fp16) and embedding-nan; the blame, and `gpuprof replay`
   forensics_any_loop  the workload's faults in a nanoGPT-style user loop (loss outside the model, GradScaler
                for fp16): the blame, and `gpuprof replay` where the model is a plain Hugging Face one
@@ -94,6 +95,8 @@ OVERHEAD_LOOPS = {
 }
 DEFAULT_LOOPS = tuple(OVERHEAD_LOOPS)[:3]  # every default on: the headline is the worst of these
 SYNC_LOOPS = DEFAULT_LOOPS
+MIN_PAIRS = 30  # interleaved pairs per overhead figure: fewer cannot show a 1 % effect on a GPU's spread
+SYNC_WARMUP_STEPS = 2  # captured steps before sync debug mode is armed: lazy initialisation may sync once
 # What the summary's ratios compare (optimized over baseline).
 RATIO_METRICS = ("step_time_p50_s", "tokens_per_s", "mfu", "peak_mem_allocated_bytes")
 # The culprit each fault has by construction (gpuprof/workloads/gpt2/faults.py).
@@ -137,8 +140,8 @@ class Plan:
 
 
 PLANS = {
-    "gpt2": Plan(batch_size=16, seq_len=1024, vocab_size=50304, micro_batch=8, overhead_reps=8, overhead_steps=10,
-                 small_step_pairs=15, small_step_steps=20, sync_steps=5, fault_batch_size=4, fault_seq_len=256,
+    "gpt2": Plan(batch_size=16, seq_len=1024, vocab_size=50304, micro_batch=8, overhead_reps=MIN_PAIRS, overhead_steps=10,
+                 small_step_pairs=MIN_PAIRS, small_step_steps=20, sync_steps=5, fault_batch_size=4, fault_seq_len=256,
                  matmul_size=8192),
     # the dry run's: every section once, at the fewest tokens (bf16 steps are slow on a CPU without AMX)
     "tiny": Plan(batch_size=4, seq_len=32, vocab_size=1024, micro_batch=2, overhead_reps=2, overhead_steps=2,
@@ -473,7 +476,7 @@ def section_overhead(bench: Bench) -> dict:
             plan.overhead_reps,
             lambda prof: workbench.timed_steps(prof, plan.overhead_steps, bench.device, loop),
             lambda rep: workbench.profile(bench.runs / "overhead" / f"{slug(name)}-{rep}", **options),
-            verbose_label=name)
+            bench.device, verbose_label=name)
         loops[name] = {**pairs.figures(), "overhead_pct": 100 * (pairs.median_ratio() - 1), "options": options}
     headline = max(DEFAULT_LOOPS, key=lambda name: loops[name]["overhead_pct"])
     overhead_pct = loops[headline]["overhead_pct"]
@@ -510,9 +513,12 @@ def section_sync_debug(bench: Bench) -> dict:
     if bench.device.type != "cuda":
         raise SectionSkipped("CUDA only: torch.cuda.set_sync_debug_mode watches CUDA stream synchronizations")
     loops = {name: sync_check(bench, name, OVERHEAD_LOOPS[name][0]) for name in SYNC_LOOPS}
-    return {"checked_steps": bench.plan.sync_steps, "loops": loops,
-            "gpuprof_sync_free": all(loop["gpuprof_sync_free"] for loop in loops.values()),
-            "no_sync": all(loop["no_sync"] for loop in loops.values())}
+    after_warmup = {"warmup_steps": SYNC_WARMUP_STEPS, "checked_steps": bench.plan.sync_steps, "mode": "error",
+                    "sync_errors": {name: loop["sync_error"] for name, loop in loops.items() if loop["sync_error"]},
+                    "gpuprof_sync_free": all(loop["gpuprof_sync_free"] for loop in loops.values()),
+                    "no_sync": all(loop["no_sync"] for loop in loops.values())}
+    return {"checked_steps": bench.plan.sync_steps, "loops": loops, "after_warmup": after_warmup,
+            "gpuprof_sync_free": after_warmup["gpuprof_sync_free"], "no_sync": after_warmup["no_sync"]}
 
 
 def sync_check(bench: Bench, name: str, loop: dict) -> dict:
@@ -533,9 +539,10 @@ def sync_check(bench: Bench, name: str, loop: dict) -> dict:
 
 
 def under_sync_debug(workbench: Workbench, prof, bench: Bench, mode: str, loop: dict) -> tuple[str | None, list[str]]:
-    """`sync_steps` steps after two warm-up ones under set_sync_debug_mode(mode): the error a
+    """`sync_steps` steps after SYNC_WARMUP_STEPS warm-up ones under set_sync_debug_mode(mode), armed only
+    after the warm-up (where gpuprof also measures memory and places its kept state): the error a
     synchronizing call raised ("error"), and the file:line of each one that warned ("warn")."""
-    workbench.steps(prof, 2, bench.device, loop)  # warm-up: lazy initialisation may synchronize once
+    workbench.steps(prof, SYNC_WARMUP_STEPS, bench.device, loop)
     torch.cuda.synchronize()
     error = None
     with warnings.catch_warnings(record=True) as caught:
@@ -573,8 +580,9 @@ def any_loop_fault(bench: Bench, fault: str, expected: dict) -> dict:
     blame = recorded_blame(run_dir)
     print(format_blame(blame), flush=True)
     where = blame.tensor or blame.module or ""
+    meta = gpuprof.load_run(run_dir).meta
     record = {"run_dir": str(run_dir), "precision": expected["precision"], "blame": blame.details(),
-              "keep_state": gpuprof.load_run(run_dir).meta.get("numerics_keep_state"),
+              "keep_state": meta.get("numerics_keep_state"), "state_placement": meta.get("numerics_state_placement"),
               "blame_text": format_blame(blame),
               "matches_expected": (blame.step == expected["step"] and blame.phase == expected["phase"]
                                    and expected["where"] in where and expected["first"] in (None, blame.first))}
@@ -847,13 +855,15 @@ def memory_headline(record: dict) -> str:
 
 
 def small_step_headline(record: dict) -> str:
-    return (f"x{record['ratio_median']:.3f} (p10-p90 x{record['ratio_p10']:.3f}-x{record['ratio_p90']:.3f}), "
-            f"+{record['added_us_per_step']:.0f} us on {record['bare_step_s'] * 1e3:.2f} ms steps: {record['loop']}")
+    return (f"x{record['ratio_median']:.3f} (p10-p90 x{record['ratio_p10']:.3f}-x{record['ratio_p90']:.3f}, "
+            f"{record['pairs']} pairs), +{record['added_us_per_step']:.0f} us on {record['bare_step_s'] * 1e3:.2f} ms "
+            f"steps, memory {record['peak_memory_added_pct']:+.3f}%: {record['loop']}")
 
 
 def sync_headline(record: dict) -> str:
     if record["no_sync"]:
-        return f"no host-device sync in {record['checked_steps']} captured steps of each of {len(record['loops'])} loops"
+        return (f"no host-device sync in {record['checked_steps']} captured steps of each of {len(record['loops'])} "
+                f"loops, armed after {record['after_warmup']['warmup_steps']} warm-up steps")
     parts = []
     for name, loop in record["loops"].items():
         if loop["no_sync"]:
@@ -920,11 +930,13 @@ def overhead_markdown(sections: dict) -> list[str]:
         loops[f"small step: {sections['overhead_small_step']['loop']}"] = sections["overhead_small_step"]
     if not loops:
         return []
-    lines = ["### capture overhead", "", "| loop | ratio (median) | p10-p90 | added per step | bare step |",
-             "|---|---|---|---|---|"]
+    lines = ["### capture overhead", "", "| loop | pairs | ratio (median) | p10-p90 | added per step | bare step "
+             "| memory added |", "|---|---|---|---|---|---|---|"]
     for name, loop in loops.items():
-        lines.append(f"| {name} | x{loop['ratio_median']:.4f} | x{loop['ratio_p10']:.3f}-x{loop['ratio_p90']:.3f} "
-                     f"| {loop['added_us_per_step']:+.0f} us | {loop['bare_step_s'] * 1e3:.2f} ms |")
+        lines.append(f"| {name} | {loop['pairs']} | x{loop['ratio_median']:.4f} | x{loop['ratio_p10']:.3f}-"
+                     f"x{loop['ratio_p90']:.3f} | {loop['added_us_per_step']:+.0f} us | {loop['bare_step_s'] * 1e3:.2f} ms "
+                     f"| {loop['peak_memory_added_bytes'] / 2**20:+.1f} MiB ({loop['peak_memory_added_pct']:+.3f}%, "
+                     f"{loop['memory_measured']}) |")
     return lines + [""]
 
 

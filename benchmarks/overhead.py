@@ -5,12 +5,16 @@ default of `gpuprof.profile(run_dir, model=model, optimizer=optimizer)` on (NaN 
 Bare and captured blocks of `--steps` steps alternate (which goes first alternating per pair), on
 the same model and optimizer in one process, each after one untimed warm-up step; opening and
 closing the run (thread start, Parquet compaction) is outside the timed steps and reported apart.
-Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, and process CPU time
-(all threads) as an extra column.
+Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, the CPU time per step
+of the process (all threads) and of the training thread, bare and captured (on a loaded machine the
+CPU times still measure what capture adds; wall time does not), and the memory capture adds (`peak_memory_added_pct`, median over
+pairs): on CUDA the peak allocated bytes of a captured block minus a bare one's, as a percentage of
+the device's memory; on the CPU the process RSS at the blocks' ends, of the host's memory (RSS
+freed by a captured block may stay with the process into the next bare one: a lower bound).
 
 `--components` adds a table in microseconds per step:
   timer   one captured block with a timer around every gpuprof hook (self time, per part); the
-          sampler's thread is timed on its own thread
+          sampler's thread is timed on its own thread; `--timer-clock thread` times CPU time instead
   switch  the parts switched on one at a time, each as interleaved pairs against bare: the increase
           in wall time per step over the configuration before
   cold    a few of gpuprof's per-step pieces, each timed as the first thing after a bare training
@@ -25,6 +29,7 @@ Printed: the median of the per-pair ratios captured/bare, their p10-p90 spread, 
     .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
     .venv/bin/python benchmarks/overhead.py --loss outside --no-clip         # ... and no clip_grad_norm_
     .venv/bin/python benchmarks/overhead.py --components timer switch
+    .venv/bin/python benchmarks/overhead.py --threads 1 --loss outside --no-clip --components timer --timer-clock thread
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components cold
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components stacks --stacks-pairs 20
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
@@ -44,14 +49,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import torch
 import torch.nn.functional as F
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpuprof
+from gpuprof.capture import losses
 from gpuprof.capture.backward import BackwardWatcher
-from gpuprof.capture.collector import CollectorSet
+from gpuprof.capture.collector import CollectorSet, _SharedHook
 from gpuprof.capture.memory import RssReader
 from gpuprof.capture.profiler import Profiler
 from gpuprof.capture.stack_sampler import STACK_INTERVAL_S, StackSampler
@@ -128,23 +135,38 @@ def interleaved_blocks(reps: int, block, open_run):
         yield rep, times["bare"], times["capture"]
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def timed_block(prof, args, model, optimizer, tokens, device, dtype, marked: bool = True) -> float:
-    """Seconds per step on `args.clock` over `args.steps` steps, after one warm-up step."""
-    return timed_steps(prof, args.steps, model, optimizer, tokens, device, dtype, marked)[args.clock]
+# wall: what the user waits; cpu: the process's CPU time, all threads (the sampler's too); thread: the
+# training thread's CPU time, where gpuprof's hooks run. CPU times hold on a loaded machine, wall time does not.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 
 
 def timed_steps(prof, steps: int, model, optimizer, tokens, device, dtype, marked: bool,
                 loss_outside: bool = False, clip: bool = True) -> dict[str, float]:
-    """Seconds per step on every clock over `steps` steps, after one warm-up step."""
+    """Seconds per step on every clock over `steps` steps, after one warm-up step; and the block's memory
+    (memory_of_block)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     train_steps(prof, model, optimizer, tokens, 1, dtype, device, marked, loss_outside, clip)
     _synchronize(device)
     start = {name: clock() for name, clock in CLOCKS.items()}
     train_steps(prof, model, optimizer, tokens, steps, dtype, device, marked, loss_outside, clip)
     _synchronize(device)
-    return {name: (clock() - start[name]) / steps for name, clock in CLOCKS.items()}
+    return {**{name: (clock() - start[name]) / steps for name, clock in CLOCKS.items()}, **memory_of_block(device)}
+
+
+def memory_of_block(device: torch.device) -> dict[str, int]:
+    """On CUDA the block's peak allocated bytes (from its warm-up step on); elsewhere the process RSS at
+    its end (a peak RSS never comes down, so it cannot tell two blocks of one process apart)."""
+    if device.type == "cuda":
+        return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device)}
+    return {"rss_bytes": psutil.Process().memory_info().rss}
+
+
+def memory_total_bytes(device: torch.device) -> int:
+    """What peak_memory_added_pct is a percentage of: the device's memory, the host's on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return psutil.virtual_memory().total
 
 
 def _synchronize(device: torch.device) -> None:
@@ -155,7 +177,8 @@ def _synchronize(device: torch.device) -> None:
 class Pairs:
     """Interleaved bare/captured pairs of one configuration, and what they add up to."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
+        self.device = device
         self.bare: list[dict[str, float]] = []
         self.capture: list[dict[str, float]] = []
         self.open_close_s: list[float] = []
@@ -177,21 +200,34 @@ class Pairs:
     def step_s(self, which: str, clock: str = "wall") -> float:
         return statistics.median(block[clock] for block in getattr(self, which))
 
-    def added_us_per_step(self) -> float:
-        """Median over pairs of (captured - bare) wall seconds per step, in microseconds."""
-        return statistics.median(c["wall"] - b["wall"] for b, c in zip(self.bare, self.capture)) * 1e6
+    def added_us_per_step(self, clock: str = "wall") -> float:
+        """Median over pairs of (captured - bare) seconds per step on `clock`, in microseconds."""
+        return statistics.median(c[clock] - b[clock] for b, c in zip(self.bare, self.capture)) * 1e6
+
+    def memory_added(self) -> dict:
+        """Median over pairs of the memory capture added: CUDA peak allocated, captured minus bare, or on the
+        CPU the process RSS at the blocks' ends; in bytes and as a percentage of the device's (host's) memory."""
+        key = "peak_allocated_bytes" if self.device.type == "cuda" else "rss_bytes"
+        added = statistics.median(c[key] - b[key] for b, c in zip(self.bare, self.capture))
+        total = memory_total_bytes(self.device)
+        return {"memory_measured": "cuda peak allocated" if key == "peak_allocated_bytes" else "process rss",
+                "peak_memory_added_bytes": added, "peak_memory_added_pct": 100 * added / total,
+                "memory_total_bytes": total}
 
     def figures(self) -> dict:
         """The headline figures, as a record."""
         low, high = self.spread()
         return {"pairs": len(self.bare), "ratio_median": self.median_ratio(), "ratio_p10": low, "ratio_p90": high,
                 "ratios": self.ratios(), "bare_step_s": self.step_s("bare"), "capture_step_s": self.step_s("capture"),
-                "added_us_per_step": self.added_us_per_step(), "cpu_ratio_median": self.median_ratio("cpu")}
+                "added_us_per_step": self.added_us_per_step(), "cpu_ratio_median": self.median_ratio("cpu"),
+                "cpu_added_us_per_step": self.added_us_per_step("cpu"),
+                "thread_cpu_added_us_per_step": self.added_us_per_step("thread"),
+                **self.memory_added()}
 
 
-def collect_pairs(reps: int, block, open_run, verbose_label: str | None = None) -> Pairs:
+def collect_pairs(reps: int, block, open_run, device: torch.device, verbose_label: str | None = None) -> Pairs:
     """interleaved_blocks() gathered into Pairs; each pair printed when `verbose_label` is given."""
-    result = Pairs()
+    result = Pairs(device)
     for rep, bare, capture in interleaved_blocks(reps, block, open_run):
         result.bare.append(bare)
         result.capture.append(capture)
@@ -237,7 +273,7 @@ class Bench:
 
     def pairs(self, options: dict, pairs: int, label: str, verbose: bool = False) -> Pairs:
         open_close_s: list[float] = []
-        result = collect_pairs(pairs, self.block, lambda rep: self.timed_run(options, open_close_s),
+        result = collect_pairs(pairs, self.block, lambda rep: self.timed_run(options, open_close_s), self.device,
                                label if verbose else None)
         result.open_close_s = open_close_s
         return result
@@ -251,12 +287,14 @@ class HookTimer:
 
     Installed on the classes for the duration of one captured block: every collector hook the
     profiler calls (by collector name), every hook a collector put into the user's model or
-    optimizer through `CollectorSet.guard`, the profiler's own step and phase work, the backward
-    watcher, the numerics monitor's state keeping and flags, and the run writer.
+    optimizer through `CollectorSet.guard` or `CollectorSet.hook` (and the shared hooks' own dispatch),
+    the profiler's own step and phase work, the backward watcher, the numerics monitor's state
+    keeping and flags, and the run writer.
     """
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.seconds: dict[str, float] = {}
+        self._clock = clock
         self._local = threading.local()
         self._patches: list[tuple[type, str, object]] = []
 
@@ -267,11 +305,11 @@ class HookTimer:
         def wrapper(*args, **kwargs):
             stack = self._stack()
             stack.append(0.0)
-            start = time.perf_counter()
+            start = self._clock()
             try:
                 return function(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - start
+                elapsed = self._clock() - start
                 inner = stack.pop()
                 if stack:
                     stack[-1] += elapsed
@@ -308,12 +346,19 @@ class HookTimer:
         self._patches.append((CollectorSet, "guard", original_guard))
         CollectorSet.guard = lambda collectors, collector, hook, function: original_guard(
             collectors, collector, hook, self.timed(_part(collector), function))
+        original_hook = CollectorSet.hook
+        self._patches.append((CollectorSet, "hook", original_hook))
+        CollectorSet.hook = lambda collectors, collector, target, event, function, hook_name=None: original_hook(
+            collectors, collector, target, event, self.timed(_part(collector), function), hook_name)
+        self.patch(_SharedHook, "_run", "shared torch hooks (dispatch)")
         for method in ("begin", "end", "_refresh_keeper", "before_update"):
             self.patch(StepKeeping, method, "numerics: state keeping")
         self.patch(NumericsMonitor, "_watched_values", "numerics: flags")
         for method in ("_before_forward", "_after_forward", "take", "record_call", "close_micro_batch",
                        "_leave_window"):
             self.patch(Tape, method, "numerics: tape")
+        for owner, attribute in ((losses, "_take"), (losses.BackwardLosses, "seen"), (losses.BackwardLosses, "take")):
+            self.patch(owner, attribute, "loss taken at backward() (backward_loss)")
         self.patch(StreamWriter, "write", "writer")
         self.patch(SystemSampler, "sample", "sampler")
         self.patch(StackSampler, "sample", "stack sampler")
@@ -330,20 +375,20 @@ def _part(collector) -> str:
     return {"gradients": "gradient norms", "numerics": "numerics: other hooks"}.get(name, f"collector {name}")
 
 
-def hook_table(bench: Bench, steps: int) -> tuple[dict[str, float], float]:
+def hook_table(bench: Bench, steps: int, clock: str) -> tuple[dict[str, float], float]:
     """Microseconds per step per part over `steps` captured steps (all defaults), and the block's
-    wall time per step."""
-    timer = HookTimer()
+    time per step, both on `clock` ("wall", or "thread": each thread's CPU time)."""
+    timer = HookTimer(CLOCKS[clock])
     with timer.installed(), bench.open_run({}) as prof:
         train_steps(prof, bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, bench.args.phases,
                     bench.args.loss == "outside", not bench.args.no_clip)
         timer.seconds.clear()
-        start = time.perf_counter()
+        start = CLOCKS[clock]()
         train_steps(prof, bench.model, bench.optimizer, bench.tokens, steps, bench.dtype, bench.device,
                     bench.args.phases, bench.args.loss == "outside", not bench.args.no_clip)
         _synchronize(bench.device)
-        wall_s = time.perf_counter() - start
-    return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, wall_s / steps
+        block_s = CLOCKS[clock]() - start
+    return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, block_s / steps
 
 
 def cold_probes(bench: Bench) -> dict[str, Callable[[], object]]:
@@ -381,7 +426,7 @@ def cold_table(bench: Bench, rounds: int) -> dict[str, tuple[float, float]]:
 def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, float, int]:
     """Interleaved pairs captured with every default, stack samples off (as `bare`) and on; and the median
     microseconds of one sample on the sampler's thread, over every sample of the `on` blocks."""
-    result = Pairs()
+    result = Pairs(bench.device)
     samples_us: list[float] = []
     original = StackSampler.sample
 
@@ -413,15 +458,21 @@ def describe(args, bench: Bench) -> str:
 
 def print_headline(args, bench: Bench, pairs: Pairs) -> None:
     low, high = pairs.spread()
-    cpu_low, cpu_high = pairs.spread("cpu")
     print(f"\n{describe(args, bench)}, all defaults of gpuprof.profile, {args.pairs} interleaved pairs of "
           f"{args.steps} steps:")
     print(f"  wall time:  bare {pairs.step_s('bare') * 1e3:.2f} ms/step, captured {pairs.step_s('capture') * 1e3:.2f} "
           f"ms/step; ratio x{pairs.median_ratio():.4f} median, p10-p90 x{low:.4f}-x{high:.4f}; "
           f"+{pairs.added_us_per_step():.0f} us/step median")
-    print(f"  process CPU time (all threads): ratio x{pairs.median_ratio('cpu'):.4f} median, "
-          f"p10-p90 x{cpu_low:.4f}-x{cpu_high:.4f}")
+    for clock, label in (("cpu", "process CPU time (all threads)"), ("thread", "training thread's CPU time")):
+        low, high = pairs.spread(clock)
+        print(f"  {label}: bare {pairs.step_s('bare', clock) * 1e3:.2f} ms/step, captured "
+              f"{pairs.step_s('capture', clock) * 1e3:.2f} ms/step; ratio x{pairs.median_ratio(clock):.4f} median, "
+              f"p10-p90 x{low:.4f}-x{high:.4f}; {pairs.added_us_per_step(clock):+.0f} us/step median")
     print(f"  opening + closing a run (not in the steps): {statistics.median(pairs.open_close_s) * 1e3:.0f} ms")
+    memory = pairs.memory_added()
+    print(f"  memory added ({memory['memory_measured']}, captured minus bare, median): "
+          f"{memory['peak_memory_added_bytes'] / 2**20:+.1f} MiB, {memory['peak_memory_added_pct']:+.3f}% of "
+          f"{memory['memory_total_bytes'] / 2**30:.1f} GiB")
 
 
 def print_cold_table(rows: dict[str, tuple[float, float]], rounds: int) -> None:
@@ -430,8 +481,10 @@ def print_cold_table(rows: dict[str, tuple[float, float]], rounds: int) -> None:
         print(f"  {name:<40} {first_us:8.1f} {repeated_us:8.1f}   x{first_us / repeated_us:.1f}")
 
 
-def print_hook_table(parts: dict[str, float], step_s: float) -> None:
-    print(f"\nper-hook timer, self time in us per step (one captured block, {step_s * 1e3:.2f} ms/step):")
+def print_hook_table(parts: dict[str, float], step_s: float, clock: str) -> None:
+    what = "wall time" if clock == "wall" else "each thread's CPU time"
+    print(f"\nper-hook timer, self time in us per step on {what} (one captured block, {step_s * 1e3:.2f} ms/step "
+          f"{'of wall time' if clock == 'wall' else 'of CPU on the training thread'}):")
     main = {name: us for name, us in parts.items() if not name.endswith("(own thread)")}
     for name, us in sorted(parts.items(), key=lambda item: -item[1]):
         print(f"  {name:<40} {us:9.1f}  {us / (step_s * 1e6) * 100:6.2f}% of a step")
@@ -493,6 +546,8 @@ def main() -> None:
     parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold", "stacks"), default=(),
                         help="add the per-part table(s) in us per step")
     parser.add_argument("--timer-steps", type=int, default=100, help="captured steps under the hook timer")
+    parser.add_argument("--timer-clock", choices=("wall", "thread"), default="wall",
+                        help="the hook timer's clock: wall time, or each thread's CPU time (holds on a loaded machine)")
     parser.add_argument("--switch-pairs", type=int, default=10, help="pairs per configuration for `switch`")
     parser.add_argument("--cold-rounds", type=int, default=30, help="training steps per probe for `cold`")
     parser.add_argument("--stacks-pairs", type=int, default=15, help="off/on pairs for `stacks`")
@@ -508,7 +563,7 @@ def main() -> None:
         bench = Bench(args, Path(tmp))
         headline = bench.pairs({}, args.pairs, "all defaults", verbose=True)
         if "timer" in args.components:
-            parts, step_s = hook_table(bench, args.timer_steps)
+            parts, step_s = hook_table(bench, args.timer_steps, args.timer_clock)
         if "switch" in args.components:
             switched = {label: bench.pairs(options, args.switch_pairs, label)
                         for label, options in CONFIGURATIONS.items()}
@@ -522,7 +577,7 @@ def main() -> None:
             stacks = stacks_costs(bench, args.stacks_pairs, args.stack_interval_s)
     print_headline(args, bench, headline)
     if "timer" in args.components:
-        print_hook_table(parts, step_s)
+        print_hook_table(parts, step_s, args.timer_clock)
     if "switch" in args.components:
         print_switch_table(switched, patched_out)
     if "cold" in args.components:

@@ -60,6 +60,7 @@ class CollectorSet:
         self._ever_added: list[Any] = []
         self._on_failure = on_failure
         self._by_hook: dict[str, list[tuple[Any, Any]]] = {}  # hook -> (collector, bound method), enabled ones
+        self._shared: dict[tuple[int, str], _SharedHook] = {}  # (id(target), event) -> its one torch hook
 
     def add(self, collector: Any) -> None:
         self._collectors.append(collector)
@@ -112,6 +113,17 @@ class CollectorSet:
             self.disable(collector, hook, error)
             return None
 
+    def hook(self, collector: Any, target: Any, event: str, function, hook_name: str | None = None) -> "_Entry":
+        """`function` run at `event` of `target` (SHARED_EVENTS: "forward_pre" on a module, with its
+        arguments and keywords; "step_pre" / "step_post" on an optimizer), guarded like `guard`. Every
+        collector's function for one target and event shares one torch hook, run in the order added:
+        one boundary into gpuprof per torch event instead of one per collector. Returns its handle."""
+        key = (id(target), event)
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = _SharedHook(self, target, event, lambda: self._shared.pop(key, None))
+        return shared.add(collector, hook_name or event, function)
+
     def guard(self, collector: Any, hook: str, function):
         """`function` made safe to run inside the user's code (autograd, model, optimizer, scaler hooks),
         and run eagerly under torch.compile: traced into a compiled model or optimizer step, gpuprof's
@@ -133,3 +145,54 @@ class CollectorSet:
             self._collectors.remove(collector)
             self._by_hook.clear()
             self._on_failure(collector, hook, error)
+
+
+SHARED_EVENTS = {
+    "forward_pre": lambda module, run: module.register_forward_pre_hook(run, with_kwargs=True),
+    "step_pre": lambda optimizer, run: optimizer.register_step_pre_hook(run),
+    "step_post": lambda optimizer, run: optimizer.register_step_post_hook(run),
+}
+
+
+class _Entry:
+    """One collector's function in a shared hook; `remove()` takes it out (and the torch hook with the last)."""
+
+    __slots__ = ("collector", "name", "function", "_owner")
+
+    def __init__(self, collector, name: str, function, owner: "_SharedHook"):
+        self.collector, self.name, self.function, self._owner = collector, name, function, owner
+
+    def remove(self) -> None:
+        self._owner.remove(self)
+
+
+class _SharedHook:
+    """The one torch hook of a (target, event): runs the enabled collectors' functions in turn, eagerly
+    under torch.compile (see CollectorSet.guard); a function that raises switches its collector off."""
+
+    def __init__(self, collectors: CollectorSet, target, event: str, forget):
+        self._collectors, self._target, self._forget = collectors, target, forget
+        self._entries: tuple[_Entry, ...] = ()
+        self._handle = SHARED_EVENTS[event](target, torch._dynamo.disable(self._run))
+
+    def add(self, collector, name: str, function) -> _Entry:
+        entry = _Entry(collector, name, function, self)
+        self._entries += (entry,)
+        return entry
+
+    def remove(self, entry: _Entry) -> None:
+        self._entries = tuple(e for e in self._entries if e is not entry)
+        if not self._entries and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+            self._forget()
+
+    def _run(self, *args) -> None:
+        enabled = self._collectors._collectors
+        for entry in self._entries:  # a tuple: an entry removed while running does not shift the others
+            if entry.collector not in enabled:
+                continue
+            try:
+                entry.function(*args)
+            except Exception as error:  # noqa: BLE001 - never raise into the training loop
+                self._collectors.disable(entry.collector, entry.name, error)

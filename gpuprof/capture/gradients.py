@@ -111,12 +111,13 @@ class GradientCollector:
     # -- hooks
     def on_start(self, prof) -> None:
         self._prof = prof
-        guard = prof.collectors.guard
+        hook = prof.collectors.hook
         if self._optimizer is not None:
             before, after = self._ranks_safe(self._before_optimizer_step), self._ranks_safe(self._after_optimizer_step)
-            self._handles = [self._optimizer.register_step_pre_hook(guard(self, "optimizer_pre_hook", before)),
-                             self._optimizer.register_step_post_hook(guard(self, "optimizer_post_hook", after))]
-        self._stop_clip_watch = clipping.watch(guard(self, "clip_grad_norm", self._ranks_safe(self._clip_seen)))
+            self._handles = [hook(self, self._optimizer, "step_pre", before),
+                             hook(self, self._optimizer, "step_post", after)]
+        self._stop_clip_watch = clipping.watch(prof.collectors.guard(self, "clip_grad_norm",
+                                                                     self._ranks_safe(self._clip_seen)))
 
     def on_close(self, prof) -> None:
         for handle in self._handles:

@@ -46,8 +46,7 @@ class ModelInfo:
     def on_start(self, prof) -> None:
         self._prof, self._device = prof, prof.device
         if self.model is not None:
-            hook = prof.collectors.guard(self, "forward_pre_hook", self._first_forward)  # removed after one call
-            self._hook = self.model.register_forward_pre_hook(hook, with_kwargs=True)
+            self._hook = prof.collectors.hook(self, self.model, "forward_pre", self._first_forward)  # one call
         self._update()
 
     def on_close(self, prof) -> None:

@@ -33,7 +33,7 @@ class OptimizerCollector:
         self._handle = None
 
     def on_start(self, prof) -> None:
-        self._handle = self._optimizer.register_step_pre_hook(prof.collectors.guard(self, "optimizer_pre_hook", self._count))
+        self._handle = prof.collectors.hook(self, self._optimizer, "step_pre", self._count)
 
     def on_close(self, prof) -> None:
         if self._handle is not None:

@@ -100,8 +100,7 @@ class PhaseHooks:
         guard = prof.collectors.guard
         self._backward_prehook = guard(self, "grad_fn_prehook", self._backward_begins)
         try:
-            self._handles.append(self._model.register_forward_pre_hook(
-                guard(self, "forward_pre_hook", self._forward_begins), with_kwargs=True))
+            self._handles.append(prof.collectors.hook(self, self._model, "forward_pre", self._forward_begins))
             self._handles.append(self._model.register_forward_hook(
                 guard(self, "forward_hook", self._forward_ends), always_call=True))
         except Exception as error:  # noqa: BLE001 - e.g. a scripted module
@@ -117,12 +116,10 @@ class PhaseHooks:
             return None
         if not has_step_hooks(self._optimizer):
             return ("optimizer",), f"the optimizer ({type(self._optimizer).__name__}) has no step hooks"
-        guard = prof.collectors.guard
+        hook = prof.collectors.hook
         try:
-            self._handles.append(self._optimizer.register_step_pre_hook(
-                guard(self, "optimizer_pre_hook", self._optimizer_begins)))
-            self._handles.append(self._optimizer.register_step_post_hook(
-                guard(self, "optimizer_post_hook", self._optimizer_ends)))
+            self._handles.append(hook(self, self._optimizer, "step_pre", self._optimizer_begins))
+            self._handles.append(hook(self, self._optimizer, "step_post", self._optimizer_ends))
         except Exception as error:  # noqa: BLE001
             return ("optimizer",), f"cannot hook the optimizer: {error!r}"
         return None

@@ -84,8 +84,7 @@ class NumericsMonitor:
             self._keeping, loss_fn=self.loss_fn, gradients=self._gradients, builder=self.options.builder,
             run_dir=prof.run_dir, rank=prof.ranks.rank, device_type=prof.device.type)
         guard = prof.collectors.guard
-        self._handles.append(self.model.register_forward_pre_hook(guard(self, "forward_pre_hook", self._on_forward),
-                                                                  with_kwargs=True))
+        self._handles.append(prof.collectors.hook(self, self.model, "forward_pre", self._on_forward))
         self._keeping.start(prof.device, undo_updates=self.policy == "skip")
         if self._gradients is not None:
             self._gradients.call_before_update(guard(self, "before_update", self._keeping.before_update))

@@ -218,12 +218,10 @@ class Tape:
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
         eager = torch._dynamo.disable  # hooks run eagerly around a compiled model
-        self._handles = [
-            self.model.register_forward_pre_hook(eager(self._on_forward), with_kwargs=True),
-            self.model.register_forward_hook(eager(self._on_forward_end)),
-        ]
+        self._handles = [prof.collectors.hook(self, self.model, "forward_pre", self._on_forward),
+                         self.model.register_forward_hook(eager(self._on_forward_end))]
         if hasattr(prof.optimizer, "register_step_pre_hook"):
-            self._handles.append(prof.optimizer.register_step_pre_hook(eager(self._leave_window)))
+            self._handles.append(prof.collectors.hook(self, prof.optimizer, "step_pre", self._leave_window))
 
     def on_close(self, prof) -> None:
         self._leave_window()

@@ -3,12 +3,14 @@ what results.json says agrees with the runs it recorded."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -104,6 +106,31 @@ def test_overhead_is_the_median_of_interleaved_pairs(dry_run):
     assert "loss outside the model, no clipping" in small["loop"]
 
 
+def test_overhead_reports_the_pairs_and_the_memory_capture_adds(dry_run):
+    results = dry_run[1]
+    host_bytes = psutil.virtual_memory().total
+    for name, loop in results["overhead"].items():  # the headline view: every loop, "small step" too
+        assert loop["pairs"] == len(loop["ratios"]) >= 2, name
+        assert loop["memory_measured"] == "process rss" and loop["memory_total_bytes"] == host_bytes
+        added_pct = 100 * loop["peak_memory_added_bytes"] / host_bytes
+        assert loop["peak_memory_added_pct"] == pytest.approx(added_pct, abs=1e-6)  # written to 6 decimals
+        assert abs(loop["peak_memory_added_bytes"]) < 2**30  # a tiny model's capture: MiBs, not GiBs
+    assert results["overhead"]["small step"]["ratio_median"] > 0
+    assert "| memory added |" in (dry_run[0] / "results.md").read_text()
+
+
+def test_a_gpu_run_measures_30_pairs_and_arms_sync_debug_after_warm_up(monkeypatch):
+    """What the CUDA plan asks for (the dry run's tiny plan keeps the pairs few to stay short)."""
+    spec = importlib.util.spec_from_file_location("gpu_validate", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    plan = module.PLANS["gpt2"]
+    assert plan.overhead_reps >= 30 and plan.small_step_pairs >= 30
+    assert module.SYNC_WARMUP_STEPS >= 1
+
+
 def test_forensics_blames_the_injected_faults(dry_run):
     faults = dry_run[1]["sections"]["forensics"]["faults"]
     assert set(faults) == {"attn-overflow", "embedding-nan"}
@@ -122,6 +149,9 @@ def test_forensics_blames_the_faults_in_a_user_loop(dry_run):
     for fault in faults.values():
         assert fault["status"] == "ok" and fault["matches_expected"], fault.get("blame_text")
         assert fault["keep_state"] == "when_bad, decided on the host"  # on a GPU: "on the device"
+        placement = fault["state_placement"]
+        assert (placement["what"], placement["measured"]) == ("state", True)
+        assert fault["blame"]["kept_state"] == "the whole state in host memory"  # on a GPU: "in device memory"
         assert fault.get("replay_same_blame") is not False, fault.get("replay_output")
     assert faults["ignored-labels"]["blame"]["op"] == "aten::nll_loss_forward"
     assert faults["sqrt-zero"]["blame"]["module"] == "transformer.h.1.mlp"

@@ -36,3 +36,15 @@ def events(run_dir, kind: str) -> list[dict]:
         rows.append({**details, "step": None if row["step"] != row["step"] else int(row["step"]),
                      "message": row["message"], "severity": row["severity"]})
     return rows
+
+
+def started_tape(model, optimizer, scaler=None):
+    """A numerics Tape of `model`, started under a stand-in profiler whose CollectorSet holds it (its
+    model and optimizer hooks are the set's shared ones); `tape.on_close(None)` stops it."""
+    from gpuprof.capture.collector import CollectorSet
+    from gpuprof.numerics.tape import Tape
+
+    tape, collectors = Tape(model, scaler), CollectorSet(lambda *failed: None)
+    collectors.add(tape)
+    tape.on_start(type("Prof", (), {"optimizer": optimizer, "collectors": collectors}))
+    return tape

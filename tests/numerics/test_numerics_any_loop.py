@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from numerics_helpers import FAULT_CASES, VOCAB, events
+from numerics_helpers import FAULT_CASES, VOCAB, events, started_tape
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpuprof
@@ -113,13 +113,12 @@ def test_activation_checkpointing_keeps_the_blame(tmp_path, fault, precision, st
 def test_the_recorded_loss_is_the_one_before_grad_scaling():
     """At the first scaler.scale() the scale is made inside the recorded window; later it is a constant.
     Either way the micro-batch ends at the loss, not at loss * scale (the re-run scales it itself)."""
-    from gpuprof.numerics.tape import LossCall, Tape
+    from gpuprof.numerics.tape import LossCall
 
     model = user_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    tape = Tape(model, scaler)
-    tape.on_start(type("Prof", (), {"optimizer": optimizer}))
+    tape = started_tape(model, optimizer, scaler)
     try:
         for _ in range(2):
             x = tokens()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from numerics_helpers import started_tape
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpuprof.numerics.tape import REFERENCES, Const, LossCall, Output, Param, Result, Tape, replay_loss
+from gpuprof.numerics.tape import REFERENCES, Const, LossCall, Output, Param, Result, replay_loss
 
 VOCAB, SEQ, BATCH = 256, 16, 2
 
@@ -42,8 +43,7 @@ def references_in(value) -> list:
 
 def one_recorded_step(model, loop):
     """(the StepTape of one step that `loop()` runs under a Tape of `model`, what loop() returned)."""
-    tape = Tape(model)
-    tape.on_start(type("Prof", (), {"optimizer": torch.optim.SGD(model.parameters(), lr=1e-3)}))
+    tape = started_tape(model, torch.optim.SGD(model.parameters(), lr=1e-3))
     try:
         result = loop()
         return tape.take(), result
