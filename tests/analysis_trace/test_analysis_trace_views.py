@@ -110,7 +110,7 @@ def test_each_view_says_what_to_record_when_the_trace_lacks_it(cpu_profiler_trac
     assert main(["trace", str(cpu_profiler_trace)]) == 0
     out = capsys.readouterr().out
     for option in ("record_shapes=True", "with_stack=True", "profile_memory=True"):
-        assert f"record it with torch.profiler.profile(..., {option}" in out
+        assert f"record it by passing {option} to torch.profiler.profile(...)" in out
 
 
 def test_the_cli_prints_and_its_json_carries_every_view(views_trace, capsys):

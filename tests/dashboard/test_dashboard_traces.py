@@ -102,6 +102,6 @@ def test_views_a_trace_lacks_say_which_option_records_them(traces_root, open_pag
     trace = open_page(traces_root, "Trace", ("no_workers",))
     notes = " ".join(texts(trace.info))
     for option in ("record_shapes=True", "with_stack=True", "profile_memory=True"):
-        assert f"torch.profiler.profile(..., {option}" in notes
+        assert f"record it by passing {option} to torch.profiler.profile(...)" in notes
     memory = open_page(traces_root, "Memory", ("no_workers",))
     assert any("profile_memory=True" in text for text in texts(memory.info)) and not memory.error

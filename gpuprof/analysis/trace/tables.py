@@ -27,22 +27,25 @@ TABLE_TITLES = {
     "module_times": "Modules",
 }
 TABLE_NAMES = tuple(TABLE_TITLES)
-# The views only a trace recorded with a profiler option can fill: their tables, and the option.
+# The views only a trace recorded with a profiler option can fill: their tables, the option, and why it.
 VIEW_NEEDS = {
-    "Input shapes": (("cpu_ops_by_shape",), "record_shapes=True"),
-    "Call stacks": (("cpu_ops_by_stack",), "with_stack=True"),
-    "Memory": (("memory_summary", "memory_timeline", "memory_by_op"), "profile_memory=True"),
-    "Modules": (("module_times",), "with_stack=True (the nn.Module frames come from the Python tracer; "
-                "with_modules=True adds TorchScript modules)"),
+    "Input shapes": (("cpu_ops_by_shape",), "record_shapes=True", ""),
+    "Call stacks": (("cpu_ops_by_stack",), "with_stack=True", ""),
+    "Memory": (("memory_summary", "memory_timeline", "memory_by_op"), "profile_memory=True", ""),
+    "Modules": (("module_times",), "with_stack=True",
+                "the nn.Module frames come from torch's Python tracer; with_modules=True adds TorchScript modules"),
 }
 
 
 def missing_note(view: str) -> str:
-    """What a reader of `view` is told when the trace lacks its profiler option."""
-    return f"{view}: not in this trace; record it with torch.profiler.profile(..., {VIEW_NEEDS[view][1]})"
+    """What a reader of `view` is told when the trace lacks its profiler option (the same keyword in
+    torch.profiler.profile and in gpuprof.profile, whose trace windows pass it on)."""
+    _, option, why = VIEW_NEEDS[view]
+    return (f"{view}: not in this trace; record it by passing {option} to torch.profiler.profile(...) (or to "
+            f"gpuprof.profile(...) for a run's trace windows)" + (f"; {why}" if why else ""))
 
 
 def missing_views(tables: dict) -> list[str]:
     """The views of VIEW_NEEDS whose tables (`tables`: name -> DataFrame) are all empty."""
-    return [view for view, (names, _) in VIEW_NEEDS.items()
+    return [view for view, (names, _, _) in VIEW_NEEDS.items()
             if all(name in tables and len(tables[name]) == 0 for name in names)]
