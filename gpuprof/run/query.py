@@ -31,7 +31,7 @@ import pandas as pd
 
 from gpuprof.errors import DamagedFileError
 from gpuprof.run import schema
-from gpuprof.run.reader import arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame
+from gpuprof.run.streams import arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame
 
 # DuckDB's own budget; the process adds Python, pandas and the answers on top.
 MEMORY_LIMIT = os.environ.get("GPUPROF_QUERY_MEMORY", "512MB")

@@ -1,4 +1,4 @@
-"""Reads a run directory (docs/run-format.md). The only code that parses run files.
+"""Reads a run directory (docs/run-format.md): its meta files, and each rank's streams through streams.py.
 
     run = load_run("runs/exp1")
     run.meta, run.steps, run.system, run.events, run.layers, run.ranks, run.trace_files, run.trace_windows,
@@ -17,16 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from gpuprof.errors import DamagedFileError, NotARunError, RunFormatError
 from gpuprof.run import schema
+from gpuprof.run.query import RunQuery
+from gpuprof.run.streams import left_out, read_stream, with_columns
 from gpuprof.validation import misfit
 
 logger = logging.getLogger("gpuprof")
@@ -196,8 +196,6 @@ class Run:
     def query(self):
         """Out-of-core aggregates over every rank's streams (gpuprof/run/query.py): what the
         analysis uses, since `steps`/`system` of hundreds of ranks do not fit in pandas."""
-        from gpuprof.run.query import RunQuery
-
         return RunQuery(self)
 
     @cached_property
@@ -234,7 +232,7 @@ class Run:
                 left_out(error, rank)
         frames = [frame for frame in frames if not frame.empty]
         if not frames:
-            return _with_columns(pd.DataFrame(), stream)
+            return with_columns(pd.DataFrame(), stream)
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         keys = [key for key in schema.SORT_KEYS[stream] if key in frame]
         return frame.sort_values(keys, kind="stable", ignore_index=True)
@@ -256,120 +254,3 @@ def _check_format(meta: dict[str, Any], path: Path) -> None:
             f"{path}: format version {version} was written by a newer gpuprof "
             f"(this one reads up to {schema.FORMAT_VERSION}); upgrade gpuprof"
         )
-
-
-def read_stream(rank_dir: Path, stream: str) -> pd.DataFrame:
-    """One rank's stream: Parquet when compacted, else its JSON lines, else empty. DamagedFileError for a file
-    that cannot be read, or whose columns hold the wrong kind of value (text where step times belong)."""
-    parquet = rank_dir / f"{stream}.parquet"
-    if parquet.is_file():
-        try:
-            frame = pd.read_parquet(parquet)
-        except Exception as error:  # noqa: BLE001 - any damage means the same: this file cannot be read
-            raise DamagedFileError(f"{parquet}: unreadable ({error})") from None
-        for column in schema.LIST_COLUMNS.get(stream, ()):
-            if column in frame:  # Parquet gives numpy arrays; JSON lines give lists
-                frame[column] = [list(v) if isinstance(v, (np.ndarray, list)) else None for v in frame[column]]
-        return checked(frame, stream, parquet)
-    return read_jsonl_frame(rank_dir / f"{stream}.jsonl", stream)
-
-
-def read_jsonl_frame(path: Path, stream: str) -> pd.DataFrame:
-    records = read_jsonl(path) if path.is_file() else []
-    return checked(pd.DataFrame.from_records(records), stream, path)
-
-
-def checked(frame: pd.DataFrame, stream: str, path: Path) -> pd.DataFrame:
-    """`frame` with every documented column and `details` parsed; DamagedFileError when a column holds the
-    wrong kind of value."""
-    problem = column_problem(stream, {column: _pandas_kind(frame[column]) for column in frame.columns})
-    if problem is not None:
-        raise DamagedFileError(f"{path}: {problem}")
-    if "details" in frame:
-        frame["details"] = [parse_details(d) for d in frame["details"]]
-    return _with_columns(frame, stream)
-
-
-def left_out(error: RunFormatError, rank: int, what: str = "") -> None:
-    """Says that this rank's file (or only `what` of it) is not read (the report shows it in its notes)."""
-    warnings.warn(f"gpuprof: {error}; rank {rank}{f' {what}' if what else ''} left out", stacklevel=3)
-
-
-def column_problem(stream: str, kinds: dict[str, str]) -> str | None:
-    """The first documented column whose values are of the wrong kind, for people; None when all fit.
-
-    kinds: column -> "number", "flag", "text", "list", "object", "null" or "mixed" (gpuprof.run.schema says
-    which each column holds). A flag may be stored as a number (a rank that never set it); details as text."""
-    fits = {"number": {"number"}, "flag": {"flag", "number"}, "text": {"text"}, "list": {"list"},
-            "details": {"text", "object"}}
-    for column, kind in kinds.items():
-        expected = schema.column_kind(stream, column)
-        if expected is not None and kind != "null" and kind not in fits[expected]:
-            return f"column {column} holds {kind} values where {expected}s belong"
-    return None
-
-
-def _pandas_kind(values: pd.Series) -> str:
-    if values.isna().all():  # the writer stores a column of only nulls as float
-        return "null"
-    inferred = pd.api.types.infer_dtype(values, skipna=True)
-    kind = {"floating": "number", "integer": "number", "mixed-integer-float": "number", "decimal": "number",
-            "boolean": "flag", "string": "text", "empty": "null"}.get(inferred)
-    if kind is not None:
-        return kind
-    present = [value for value in values if value is not None and not (isinstance(value, float) and value != value)]
-    if all(isinstance(value, (list, np.ndarray)) for value in present):
-        return "list"
-    return "object" if all(isinstance(value, dict) for value in present) else "mixed"
-
-
-def arrow_kind(kind) -> str:
-    """A Parquet column's arrow type as column_problem's kinds."""
-    import pyarrow as pa
-
-    checks = [(pa.types.is_null, "null"), (pa.types.is_boolean, "flag"), (pa.types.is_integer, "number"),
-              (pa.types.is_floating, "number"), (pa.types.is_string, "text"), (pa.types.is_large_string, "text"),
-              (pa.types.is_list, "list"), (pa.types.is_large_list, "list")]
-    return next((name for check, name in checks if check(kind)), "mixed")
-
-
-def parse_details(value: Any) -> dict | None:
-    """An event's details: a dict, stored as JSON text in Parquet; None when it is neither."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    return value if isinstance(value, dict) else None
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON lines file; a torn or corrupt line is skipped with a warning."""
-    with open(path, "rb") as handle:
-        lines = handle.read().split(b"\n")
-    records, bad = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            bad.append(number)
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            bad.append(number)
-    if bad:
-        where = "its torn last line" if bad == [len(lines)] else f"line(s) {bad[:5]}"
-        warnings.warn(f"gpuprof: {path}: skipped {where} (run killed while writing?)", stacklevel=3)
-    return records
-
-
-def _with_columns(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
-    """Every documented column is present (null where never written); extra columns are kept."""
-    missing = [column for column in schema.STREAM_COLUMNS[stream] if column not in frame]
-    if missing:
-        frame = frame.assign(**{column: None for column in missing})
-    extra = [column for column in frame.columns if column not in schema.STREAM_COLUMNS[stream]]
-    return frame[[*schema.STREAM_COLUMNS[stream], *extra]]

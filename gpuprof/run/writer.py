@@ -194,7 +194,7 @@ class RunWriter:
 
 def compact(jsonl: Path, stream: str) -> None:
     """JSON lines -> Parquet beside it (atomically), then removes the JSON lines."""
-    from gpuprof.run.reader import read_jsonl_frame
+    from gpuprof.run.streams import read_jsonl_frame
 
     frame = read_jsonl_frame(jsonl, stream)
     if "details" in frame:
