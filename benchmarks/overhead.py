@@ -22,8 +22,8 @@ freed by a captured block may stay with the process into the next bare one: a lo
           against a repeated one
   stacks  the stack sampler (gpuprof.capture.stack_sampler): interleaved pairs captured with every default,
           stack samples off and on (at --stack-interval-s, default the Profiler's), the increase in
-          wall time per step; and each sample's own time on the sampler's thread, with what that
-          comes to per step at that rate
+          wall time per step; and each sample's own time on the sampler's thread, wall and CPU, with
+          what that comes to per step and per core at that rate
 
     .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
     .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
@@ -423,17 +423,19 @@ def cold_table(bench: Bench, rounds: int) -> dict[str, tuple[float, float]]:
     return {name: (statistics.median(first[name]) * 1e6, statistics.median(repeated[name]) * 1e6) for name in probes}
 
 
-def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, float, int]:
+def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, dict[str, float], int]:
     """Interleaved pairs captured with every default, stack samples off (as `bare`) and on; and the median
-    microseconds of one sample on the sampler's thread, over every sample of the `on` blocks."""
+    microseconds of one sample on the sampler's thread, in wall and in that thread's CPU time ("wall",
+    "thread"), over every sample of the `on` blocks."""
     result = Pairs(bench.device)
-    samples_us: list[float] = []
+    samples_us: dict[str, list[float]] = {"wall": [], "thread": []}
     original = StackSampler.sample
 
     def timed_sample(sampler):
-        start = time.perf_counter()
+        start = {clock: CLOCKS[clock]() for clock in samples_us}
         original(sampler)
-        samples_us.append((time.perf_counter() - start) * 1e6)
+        for clock, times in samples_us.items():
+            times.append((CLOCKS[clock]() - start[clock]) * 1e6)
 
     StackSampler.sample = timed_sample
     try:
@@ -443,7 +445,8 @@ def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, fl
                     (result.bare if mode == "off" else result.capture).append(bench.block(prof))
     finally:
         StackSampler.sample = original
-    return result, statistics.median(samples_us) if samples_us else float("nan"), len(samples_us)
+    medians = {clock: statistics.median(times) if times else float("nan") for clock, times in samples_us.items()}
+    return result, medians, len(samples_us["wall"])
 
 
 # ------------------------------------------------------------------ report
@@ -506,16 +509,18 @@ def print_switch_table(results: dict[str, Pairs], patched_out: dict[str, Pairs])
               f"ratio x{pairs.median_ratio():.4f}")
 
 
-def print_stacks_table(pairs: Pairs, sample_us: float, samples: int, interval_s: float) -> None:
+def print_stacks_table(pairs: Pairs, sample_us: dict[str, float], samples: int, interval_s: float) -> None:
     low, high = pairs.spread()
     step_s = pairs.step_s("bare")
-    per_step_us = sample_us * step_s / interval_s
+    per_step_us = sample_us["wall"] * step_s / interval_s
     print(f"\nstack sampler every {interval_s:g} s ({len(pairs.bare)} interleaved pairs, every other default on):")
     print(f"  wall time: off {step_s * 1e3:.2f} ms/step, on {pairs.step_s('capture') * 1e3:.2f} ms/step; "
           f"ratio x{pairs.median_ratio():.4f} median, p10-p90 x{low:.4f}-x{high:.4f}; "
-          f"{pairs.added_us_per_step():+.0f} us/step median")
-    print(f"  one sample: {sample_us:.1f} us on the sampler's thread (median of {samples}); at this rate "
+          f"{pairs.added_us_per_step():+.0f} us/step median; process CPU {pairs.added_us_per_step('cpu'):+.0f} us/step")
+    print(f"  one sample: {sample_us['wall']:.1f} us on the sampler's thread (median of {samples}); at this rate "
           f"{per_step_us:.1f} us per {step_s * 1e3:.2f} ms step = {100 * per_step_us / (step_s * 1e6):.3f} % of a step")
+    print(f"  one sample's CPU time on the sampler's thread: {sample_us['thread']:.1f} us; at this rate "
+          f"{100 * sample_us['thread'] * 1e-6 / interval_s:.3f} % of a core")
 
 
 @contextlib.contextmanager
