@@ -62,8 +62,10 @@ def test_timeline_page_draws_the_step_the_link_names(traced_root, open_page, mon
     expected = step_timeline(load_trace(run.trace_files), 3, 0)
     bars = [trace for trace in figures(app)[0]["data"] if trace["type"] == "bar"]
     assert sum(len(values(bar, "base")) for bar in bars) == len(expected.intervals)
-    drawn = np.sort(np.concatenate([values(bar, "x") for bar in bars]))
-    np.testing.assert_array_equal(drawn, np.sort(expected.intervals["dur_us"].to_numpy()))
+    drawn_ms = np.sort(np.concatenate([values(bar, "x") for bar in bars]))
+    np.testing.assert_allclose(drawn_ms, np.sort(expected.intervals["dur_us"].to_numpy()) / 1e3)
+    labels = {label for bar in bars for label in bar["text"]}
+    assert labels == set(expected.intervals["name"])  # each bar carries its name (shown where it fits)
     assert f"Drew {len(expected.intervals):,} intervals for {expected.events:,} events" in " ".join(texts(app.caption))
     assert {bar["name"] for bar in bars} >= {"cpu_op", "user_annotation"}
 

@@ -58,20 +58,24 @@ def _url_choice(label: str, options: list, param: str, key: str):
 
 
 def figure(timeline: StepTimeline) -> go.Figure:
-    """Bars from start to end, one row per thread depth or stream, one colour per event kind."""
+    """Bars from start to end in ms, one row per thread depth or stream, one colour per event kind, each
+    labelled with its name where the name fits inside it."""
     intervals = timeline.intervals
     chart = go.Figure()
     for kind, part in intervals.groupby("kind", sort=True):
         chart.add_bar(
-            name=kind, orientation="h", y=part["row"], base=part["start_us"], x=part["dur_us"],
-            customdata=part[["name", "busy_us", "events"]].to_numpy(),
-            hovertemplate="%{customdata[0]}<br>%{x:,.0f} µs (busy %{customdata[1]:,.0f} µs, %{customdata[2]} events)"
-                          "<br>%{y}<extra></extra>",
+            name=kind, orientation="h", y=part["row"], base=part["start_us"] / 1e3, x=part["dur_us"] / 1e3,
+            text=part["name"], textposition="inside", insidetextanchor="start",
+            customdata=part[["name", "dur_us", "busy_us", "events"]].to_numpy(),
+            hovertemplate="%{customdata[0]}<br>%{customdata[1]:,.0f} µs (busy %{customdata[2]:,.0f} µs, "
+                          "%{customdata[3]} events)<br>%{y}<extra></extra>",
         )
     chart.update_layout(barmode="overlay", height=80 + ROW_HEIGHT_PX * max(1, len(timeline.rows)),
-                        margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"))
+                        margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+                        uniformtext=dict(minsize=8, mode="hide"))  # a name too long for its bar is left out
     chart.update_yaxes(categoryorder="array", categoryarray=timeline.rows[::-1])
-    chart.update_xaxes(title_text="time since the step started (µs)", range=[0, timeline.step_time_us])
+    chart.update_xaxes(title_text="ms since the step started", range=[0, timeline.step_time_us / 1e3],
+                       tickformat=",~r")
     return chart
 
 
