@@ -41,6 +41,14 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def native_bf16(device_type: str) -> bool:
+    """Whether `device_type` computes bf16 in hardware: a GPU from Ampere on, or a CPU whose oneDNN has a bf16
+    path (AVX512-BF16, AMX). Elsewhere bf16 is emulated, several times slower than fp32."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    return device_type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def dtype_name(dtype: torch.dtype | str, allow_tf32: bool = False) -> str:
     """"bf16"/"fp16"/"fp32"/"tf32" for a compute dtype; fp32 matmuls run as tf32 when allowed."""
     name = dtype if isinstance(dtype, str) else _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))

@@ -87,11 +87,11 @@ def bf16_autocast(patch):
 
         import torch
 
+        from gpuprof.hardware import native_bf16
+
         param = next(model.parameters())
         device = param.device.type
-        supported = (torch.cuda.is_bf16_supported() if device == "cuda"
-                     else device == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        if not supported or param.dtype != torch.float32:
+        if not native_bf16(device) or param.dtype != torch.float32:
             return None
         forward = model.forward
 

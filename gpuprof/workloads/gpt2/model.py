@@ -7,6 +7,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from gpuprof.hardware import native_bf16
 from gpuprof.workloads.gpt2.config import SIZES, TrainConfig
 
 
@@ -42,10 +43,12 @@ def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor)
 
 
 def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
-    """fp32, or the autocast dtype: `auto` is bf16 where the device supports it, else fp16."""
+    """fp32, or the autocast dtype: `auto` is bf16 where the device computes it natively, else fp16 on a GPU
+    (with a GradScaler) and fp32 on a CPU, where emulated bf16 and fp16 are slower than fp32."""
     if config.precision == "auto":
-        bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16_ok else torch.float16
+        if native_bf16(device.type):
+            return torch.bfloat16
+        return torch.float16 if device.type == "cuda" else torch.float32
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
 
 
