@@ -22,6 +22,11 @@ def batch_tokens(batch: Any) -> int:
     return 0
 
 
+def call_tokens(args: tuple, kwargs: dict) -> int:
+    """Token count of a model call: its `input_ids` keyword, else its first positional tensor's elements."""
+    return batch_tokens(kwargs["input_ids"] if "input_ids" in kwargs else args)
+
+
 class ForwardInputs:
     """A collector counting the tokens of each training forward of `model`: the elements of
     `input_ids` (or of the first positional tensor) of every training call in the step."""
@@ -49,4 +54,4 @@ class ForwardInputs:
 
     def _before_forward(self, module, args, kwargs) -> None:
         if is_training_call(module):
-            self.tokens += batch_tokens(kwargs["input_ids"] if "input_ids" in kwargs else args)
+            self.tokens += call_tokens(args, kwargs)

@@ -47,10 +47,11 @@ import os
 import runpy
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from gpuprof.capture.environment import resolve_device
@@ -58,7 +59,7 @@ from gpuprof.capture.losses import BackwardLosses
 from gpuprof.capture.profiler import Profiler
 from gpuprof.capture.timing import clock_for
 from gpuprof.errors import GpuprofError
-from gpuprof.integrations.batches import ForwardInputs, batch_tokens
+from gpuprof.integrations.batches import ForwardInputs, call_tokens
 from gpuprof.integrations.knobs import KnobPatches
 from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
 from gpuprof.optimizers import params_of
@@ -146,15 +147,16 @@ class ScriptRecorder:
         self._members: list = []  # those seen stepping in the first iteration, in order
         self._loader_iter = None
         self._inputs: ForwardInputs | None = None
-        self._first_forward = None  # (clock stamp, tokens) of the first training forward
+        self._first_forward: _FirstForward | None = None
         self._first_losses = _FirstBackward(self._guarded(self._start_at_backward))
         self._step0_began_early = False
-        self._forward_hook = None
+        self._forward_hooks: list = []
         self._optimizer_hooks: list = []
         self._finder = _PatchOnImport({name: functools.partial(self._patch_trainer, name) for name in TRAINER_MODULES})
 
     def install(self) -> None:
-        self._forward_hook = register_module_forward_pre_hook(self._seen)
+        self._forward_hooks = [register_module_forward_pre_hook(self._seen),
+                               register_module_forward_hook(self._seen_returning, with_kwargs=True)]
         self._optimizer_hooks = [
             register_optimizer_step_pre_hook(self._guarded(self._before_step)),
             register_optimizer_step_post_hook(self._guarded(self._after_step)),
@@ -210,7 +212,14 @@ class ScriptRecorder:
         if not torch.compiler.is_compiling() and torch.is_grad_enabled():
             self._called.setdefault(id(module), module)
             if self._first_forward is None:  # the outermost module's hook runs first
-                self._first_forward = (clock_for(resolve_device(module)).stamp(), batch_tokens(args))
+                self._first_forward = _FirstForward(clock_for(resolve_device(module)).stamp(), module)
+
+    def _seen_returning(self, module: torch.nn.Module, args, kwargs, output) -> None:
+        """The first training forward's tokens, from its keyword arguments too (`model(**batch)`), which
+        the global pre-hook is not given."""
+        first = self._first_forward
+        if not torch.compiler.is_compiling() and first is not None and first.module is module and first.tokens is None:
+            first.tokens = call_tokens(args, kwargs)
 
     def _start_at_backward(self) -> None:
         """At the script's first backward(): starts recording there when its one optimizer is in reach."""
@@ -229,7 +238,7 @@ class ScriptRecorder:
             self._end_steps_at_scaler_updates()
         self._stop_discovery()
         self._start_recording()
-        self.prof.join_at_backward(self._first_forward[0])
+        self.prof.join_at_backward(self._first_forward.stamp)
         self._step0_began_early = True
 
     def _before_step(self, optimizer, args, kwargs) -> None:
@@ -264,7 +273,8 @@ class ScriptRecorder:
         tokens = self._inputs.tokens if self._inputs else 0
         loss = None
         if self._step0_began_early:  # its losses and first forward came before the Profiler
-            loss, tokens, self._step0_began_early = self._first_losses.take(), tokens + self._first_forward[1], False
+            loss, self._step0_began_early = self._first_losses.take(), False
+            tokens += self._first_forward.tokens or 0
         self.prof.step(loss=loss, tokens=tokens or None)
 
     def _end_steps_at_scaler_updates(self) -> None:
@@ -289,9 +299,9 @@ class ScriptRecorder:
         self.prof.start()
 
     def _stop_discovery(self) -> None:
-        if self._forward_hook is not None:
-            self._forward_hook.remove()
-            self._forward_hook = None
+        for handle in self._forward_hooks:
+            handle.remove()
+        self._forward_hooks = []
         self._called.clear()
 
     # ------------------------------------------------------------------ Trainers
@@ -340,6 +350,15 @@ class ScriptRecorder:
                 return None
 
         return torch._dynamo.disable(guarded)  # never traced into a compiled model or optimizer step
+
+
+@dataclass
+class _FirstForward:
+    """The script's first training forward: when it started, its outermost module and its tokens once it returned."""
+
+    stamp: Any
+    module: torch.nn.Module
+    tokens: int | None = None
 
 
 class _FirstBackward(BackwardLosses):

@@ -162,6 +162,13 @@ class StepKeeping:
             self._keep_now(inputs)
             inputs.updated_first = False
 
+    def after_update(self) -> None:
+        """The settings the update ran with, read after it: a loop may set its lr after the step began
+        (llm.c sets it after clipping; Lightning runs the forward inside optimizer.step), and these are
+        what the re-run replays and what an lr cause names."""
+        if self.current is not None:
+            self.current.hyper = hyperparameters(self.optimizer)
+
     def after_backward(self) -> None:
         """Without capture's gradient norms (grad_norms=False), the end of each backward pass stands in
         for the moment before the update."""

@@ -88,6 +88,9 @@ class NumericsMonitor:
         self._keeping.start(prof.device, undo_updates=self.policy == "skip")
         if self._gradients is not None:
             self._gradients.call_before_update(guard(self, "before_update", self._keeping.before_update))
+        if self.optimizer is not None:
+            self._handles.append(prof.collectors.hook(self, self.optimizer, "step_post",
+                                                      lambda *_: self._keeping.after_update()))
         if self.policy == "skip" and self.optimizer is not None:
             self._handles += SkipBadUpdates(self._keeping, prof.device).hooks(self.optimizer, guard, self)
 

@@ -88,7 +88,7 @@ def main() -> None:
                 model.transformer.wte.weight[0] = float("nan")
         for _ in range(args.accumulation):
             tokens = next(loader)["input_ids"]
-            loss = next_token_loss(model(tokens).logits, tokens) / args.accumulation
+            loss = next_token_loss(model(input_ids=tokens).logits, tokens) / args.accumulation
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for optimizer in optimizers:

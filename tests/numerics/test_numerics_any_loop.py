@@ -12,7 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpuprof
 from gpuprof.cli import main
-from gpuprof.workloads.gpt2.faults import Injector, parse
+from gpuprof.workloads.gpt2.faults import SPIKED_LR, Injector, parse
 
 SEQ, BATCH = 16, 2
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -27,10 +27,11 @@ def user_model() -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
-def nanogpt_loop(run_dir, *, steps: int, precision: str = "fp32", accumulation: int = 1,
-                 fault: str | None = None, model=None, **profile_options) -> list[float]:
+def nanogpt_loop(run_dir, *, steps: int, precision: str = "fp32", accumulation: int = 1, fault: str | None = None,
+                 model=None, lr_before_update: bool = False, **profile_options) -> list[float]:
     """A nanoGPT-style loop: logits from the model, F.cross_entropy outside it, GradScaler for fp16.
-    `fault` is one of the workload's faults (FAULT@STEP), applied to this loop's own model."""
+    `fault` is one of the workload's faults (FAULT@STEP), applied to this loop's own model. The step's lr is
+    set before its forward, as nanoGPT does, or with `lr_before_update` after its backward, as llm.c does."""
     injector = Injector([parse(fault)] if fault else [])
     model = injector.prepare_model(model if model is not None else user_model())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -40,9 +41,13 @@ def nanogpt_loop(run_dir, *, steps: int, precision: str = "fp32", accumulation: 
     losses = []
     with gpuprof.profile(run_dir, model=model, optimizer=optimizer, scaler=scaler, sample_interval_s=0,
                          **profile_options) as prof:
-        for step in range(steps):
+        def set_lr(step):
             for group in optimizer.param_groups:
                 group["lr"] = injector.lr(step, 1e-3)
+
+        for step in range(steps):
+            if not lr_before_update:
+                set_lr(step)
             injector.before_step(step, model)
             for _ in range(accumulation):
                 x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
@@ -51,6 +56,8 @@ def nanogpt_loop(run_dir, *, steps: int, precision: str = "fp32", accumulation: 
                     logits = model(x).logits
                     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
                 scaler.scale(loss / accumulation).backward()
+            if lr_before_update:
+                set_lr(step)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -108,6 +115,15 @@ def test_activation_checkpointing_keeps_the_blame(tmp_path, fault, precision, st
     [event] = events(run_dir, "nonfinite")
     assert (event["step"], event["phase"], event["module"], event["op"], event["first"]) == \
         (step, phase, module, op, first)
+
+
+def test_an_lr_set_after_the_backward_is_the_lr_the_cause_names(tmp_path):
+    """The lr the cause names is the one the update ran with, read after it, not the one the step began with."""
+    run_dir = tmp_path / "run"
+    nanogpt_loop(run_dir, steps=3, fault="lr-spike@1", lr_before_update=True)
+    [event] = events(run_dir, "nonfinite")
+    assert (event["step"], event["phase"]) == (2, "forward")
+    assert (event["cause"]["step"], event["cause"]["lr"], event["cause"]["median_lr"]) == (1, SPIKED_LR, 1e-3)
 
 
 def test_the_recorded_loss_is_the_one_before_grad_scaling():

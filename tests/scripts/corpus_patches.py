@@ -48,10 +48,12 @@ def limit_lightning_trainer(max_steps: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- faults
 # Each breaks a training script from outside it, as its own bug would: through torch's global hooks
-# or a wrapper around a class of the script's own module, never by editing the script.
-def nanogpt_lr_spike(at_call: int, lr: float) -> None:
-    """Every optimizer's lr set to `lr` before nanoGPT's training call `at_call` (after the loop set
-    that iteration's lr from its schedule): that iteration's update is made with it."""
+# or a wrapper around the forward of the script's model class, never by editing the script. `model`
+# names that class as "module:Class" (nanoGPT's "model:GPT"); `weight` a parameter of it by its
+# name in the class's own module ("transformer.wte.weight").
+def lr_spike(model: str, at_call: int, lr: float) -> None:
+    """Every optimizer's lr set to `lr` before training call `at_call` of `model` (after the loop set that
+    iteration's lr from its schedule, if it does): that iteration's update is made with it."""
     import torch
 
     optimizers = []
@@ -64,17 +66,35 @@ def nanogpt_lr_spike(at_call: int, lr: float) -> None:
 
     torch.optim.Optimizer.__init__ = remembering_init
 
-    def spike(gpt):
+    def spike(module, inputs):
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
-    _before_training_forward("model", "GPT", at_call, spike)
+    _before_training_forward(model, at_call, spike)
 
 
-def _before_training_forward(module_name: str, class_name: str, at_call: int, fault: Callable) -> None:
-    """fault(model) runs before the `at_call`-th training call (grad enabled, from 0) of `class_name`."""
+def bad_embedding_row(model: str, weight: str, at_call: int) -> None:
+    """A NaN written into the row of embedding `weight` of the first token `model` is called with, before its
+    training call `at_call`: a bad row the batch uses."""
+    def fault(module, inputs):
+        module.get_parameter(weight)[inputs.flatten()[0]].fill_(float("nan"))
+
+    _before_training_forward(model, at_call, fault)
+
+
+def attention_overflow(model: str, weight: str, at_call: int, scale: float = 1e25) -> None:
+    """The query/key/value projection `weight` scaled by `scale` before training call `at_call`: finite
+    weights whose attention scores overflow."""
+    _before_training_forward(model, at_call, lambda module, inputs: module.get_parameter(weight).mul_(scale))
+
+
+def _before_training_forward(model: str, at_call: int, fault: Callable) -> None:
+    """fault(model, its first tensor argument) runs before the `at_call`-th training call (grad enabled,
+    from 0) of the class `model` names."""
     import torch
+
+    module_name, class_name = model.split(":")
 
     def patch(module):
         cls = getattr(module, class_name)
@@ -83,8 +103,9 @@ def _before_training_forward(module_name: str, class_name: str, at_call: int, fa
         @functools.wraps(forward)
         def faulty_forward(self, *args, **kwargs):
             if torch.is_grad_enabled() and next(calls) == at_call:
+                inputs = next(value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor))
                 with torch.no_grad():
-                    fault(self)
+                    fault(self, inputs)
             return forward(self, *args, **kwargs)
 
         cls.forward = faulty_forward
@@ -92,12 +113,18 @@ def _before_training_forward(module_name: str, class_name: str, at_call: int, fa
     after_import(module_name, patch)
 
 
-def nanogpt_bad_embedding_row(at_call: int, row: int = 0) -> None:
-    """A NaN written into row `row` of nanoGPT's token embedding before training call `at_call`."""
-    _before_training_forward("model", "GPT", at_call, lambda gpt: gpt.transformer.wte.weight[row].fill_(float("nan")))
+def loader_batch_size(batch_size: int) -> None:
+    """Every torch DataLoader the script makes batches `batch_size` items, whatever the script says."""
+    from torch.utils.data import DataLoader
 
+    init = DataLoader.__init__
 
-def nanogpt_attention_overflow(at_call: int, scale: float = 1e25) -> None:
-    """The first block's query/key/value weights scaled by `scale` before training call `at_call`:
-    finite weights whose attention scores overflow."""
-    _before_training_forward("model", "GPT", at_call, lambda gpt: gpt.transformer.h[0].attn.c_attn.weight.mul_(scale))
+    @functools.wraps(init)
+    def resized_init(loader, dataset, *args, **kwargs):
+        if args:
+            args = (batch_size, *args[1:])
+        else:
+            kwargs["batch_size"] = batch_size
+        init(loader, dataset, *args, **kwargs)
+
+    DataLoader.__init__ = resized_init

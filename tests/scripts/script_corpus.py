@@ -133,9 +133,11 @@ def run_script(name: str, tmp_path: Path, script_args: list[str], patches=(), en
     run_dir = tmp_path / "run"
     command = [sys.executable, str(RUNNER), json.dumps([_patch_spec(patch) for patch in patches]),
                "--run-dir", str(run_dir), str(script), *map(str, script_args)]
+    # one torch thread: on a loaded machine of few cores OpenMP threads spinning against each other make a tiny
+    # model's step many times slower (and its CPU time several times the step's own)
     child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-                 "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                 "HF_HOME": str(tmp_path / "hf"), "WANDB_MODE": "disabled", **(env or {})}
+                 "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                 "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "WANDB_MODE": "disabled", **(env or {})}
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=workdir, env=child_env)
     result = ScriptRun(done.returncode, done.stdout, done.stderr, run_dir, workdir)
     if (run_dir / "meta.json").exists() or any(run_dir.glob("*/meta.json")):

@@ -14,6 +14,7 @@ from gpuprof.analysis.run import summarize
 pytestmark = pytest.mark.slow  # real scripts in child processes
 
 BATCH_64 = dict(batch_size=64, block_size=32)
+GPT = "model:GPT"  # nanoGPT's model class, in its model.py
 
 
 def nonfinite_event(result) -> dict:
@@ -45,7 +46,7 @@ def test_ten_optimizer_steps_are_ten_rows_each_with_the_loss_backward_ran_on(unp
 
 
 def test_an_lr_spike_in_the_first_iteration_is_blamed_at_batch_64(tmp_path):
-    result = run_nanogpt(tmp_path, patches=[("corpus_patches:nanogpt_lr_spike", {"at_call": 0, "lr": 1e30})],
+    result = run_nanogpt(tmp_path, patches=[("corpus_patches:lr_spike", {"model": GPT, "at_call": 0, "lr": 1e30})],
                          max_iters=5, **BATCH_64)
     assert result.returncode == 0, result.stderr[-3000:]
     run = result.run
@@ -59,8 +60,8 @@ def test_an_lr_spike_in_the_first_iteration_is_blamed_at_batch_64(tmp_path):
 
 
 def test_an_overflow_in_attention_is_blamed_at_batch_64(tmp_path):
-    result = run_nanogpt(tmp_path, patches=[("corpus_patches:nanogpt_attention_overflow", {"at_call": 3})],
-                         max_iters=4, **BATCH_64)
+    fault = {"model": GPT, "weight": "transformer.h.0.attn.c_attn.weight", "at_call": 3}
+    result = run_nanogpt(tmp_path, patches=[("corpus_patches:attention_overflow", fault)], max_iters=4, **BATCH_64)
     assert result.returncode == 0, result.stderr[-3000:]
     event = nonfinite_event(result)
     print(event)
@@ -69,8 +70,8 @@ def test_an_overflow_in_attention_is_blamed_at_batch_64(tmp_path):
 
 
 def test_a_bad_embedding_row_is_blamed_at_batch_64(tmp_path):
-    result = run_nanogpt(tmp_path, patches=[("corpus_patches:nanogpt_bad_embedding_row", {"at_call": 2})],
-                         max_iters=3, **BATCH_64)
+    fault = {"model": GPT, "weight": "transformer.wte.weight", "at_call": 2}
+    result = run_nanogpt(tmp_path, patches=[("corpus_patches:bad_embedding_row", fault)], max_iters=3, **BATCH_64)
     assert result.returncode == 0, result.stderr[-3000:]
     assert summarize(result.run).health["nonfinite_loss_steps"] == 2  # steps 2 and 3
     event = nonfinite_event(result)

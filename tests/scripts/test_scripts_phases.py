@@ -13,30 +13,25 @@ from gpuprof.report import build_report
 pytestmark = pytest.mark.slow  # real scripts in child processes
 
 SLOW_GET_BATCH = "phase_patches:slow_memmap"
+SLOW_DATALOADER = "phase_patches:slow_dataloader_fetch"
 ACCELERATE_DELAY_S = 0.2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread_per_process():
-    """On a loaded machine of few cores, torch's OpenMP threads spinning against each other make a tiny
-    model's step many times slower: one thread keeps the step the model's own."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        yield
+LIGHTNING_DELAY_S = 0.5
 
 
 @pytest.fixture(scope="module")
 def accelerate_slow_loader(tmp_path_factory):
     """The Accelerate example, every DataLoader batch 0.2 s slower."""
     return run_accelerate_clm(tmp_path_factory.mktemp("accelerate"),
-                              patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": ACCELERATE_DELAY_S})])
+                              patches=[(SLOW_DATALOADER, {"delay_s": ACCELERATE_DELAY_S})])
 
 
 @pytest.fixture(scope="module")
 def lightning_validating(tmp_path_factory):
-    """The Lightning example, 6 steps, validating every 2."""
-    return run_lightning_transformer(tmp_path_factory.mktemp("lightning"),
-                                     patches=[("phase_patches:validate_every", {"steps": 2})], max_steps=6)
+    """The Lightning example, 6 steps, validating every 2 (2 batches), every batch 0.5 s slower to fetch; 2 items
+    a batch, so that its step (about 0.8 s on this loaded machine at the example's 20) is a tiny model's."""
+    return run_lightning_transformer(tmp_path_factory.mktemp("lightning"), max_steps=6, patches=[
+        ("phase_patches:validate_every", {"steps": 2}), (SLOW_DATALOADER, {"delay_s": LIGHTNING_DELAY_S}),
+        ("corpus_patches:loader_batch_size", {"batch_size": 2})])
 
 
 def recorded(result):
@@ -119,9 +114,17 @@ def test_lightning_transformer_example_is_recorded(lightning_validating):
     assert run.meta["model"]["class"] == "LanguageModel"
 
 
-def test_lightning_validation_is_eval_not_host(lightning_validating):
+def test_lightning_slow_loader_is_input_and_its_validation_eval_not_host(lightning_validating):
+    """The Trainer fetches each batch before the training step: that time is input, with the share of the step
+    it takes; its validation batches, as slow, are the eval phase's, not data and not host."""
     report = recorded(lightning_validating)
-    steps = report.run.steps
-    assert steps["eval_time_s"].notna().sum() >= 2
-    assert report.summary.evaluation and report.verdict.bound != "host", report.verdict.why
-    assert "Evaluation inside the loop is left out of the step's bound" in report.verdict.why
+    steps = measured(report)
+    assert (steps["data_time_s"] >= LIGHTNING_DELAY_S).all() and (steps["data_time_s"] < 2 * LIGHTNING_DELAY_S).all()
+    evaluating = report.run.steps["eval_time_s"].notna()
+    assert evaluating.sum() >= 2 and (report.run.steps["eval_time_s"][evaluating] >= 2 * LIGHTNING_DELAY_S).all()
+    verdict = report.verdict
+    training_s = (steps["step_time_s"] - steps["eval_time_s"].fillna(0)).sum()  # the bound is the training step's
+    assert verdict.bound == "input" and verdict.share_pct >= 60, verdict.why
+    assert verdict.share_pct >= 100 * LIGHTNING_DELAY_S * len(steps) / training_s - 0.5, verdict.why  # the delay's
+    assert "Evaluation inside the loop is left out of the step's bound" in verdict.why
+    assert "DataLoader(num_workers=4, pin_memory=True" in verdict.next_step and "gpuprof train" not in verdict.next_step
