@@ -21,7 +21,7 @@ import pandas as pd
 from gpuprof.analysis.run.summary import RunSummary, trace_summary
 from gpuprof.analysis.trace.loader import trace_files, trace_spans
 from gpuprof.analysis.trace.ranks import analyze_ranks
-from gpuprof.analysis.trace.tables import TABLE_NAMES, VIEW_NEEDS, missing_note, missing_views
+from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_NAMES, VIEW_NEEDS, missing_note, missing_views
 from gpuprof.diagnoses.context import DEVICE_FIGURES, trace_context, trace_meta
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
@@ -187,7 +187,7 @@ def notes(result, spans: list[list[Path]], include_last_step: bool) -> list[str]
     if not result.has_device_activity:
         lines.append("No device (GPU) activity in this trace: device analyses are empty; CPU side reported.")
     if not include_last_step:
-        lines.append("The last profiler step is left out (as HTA does); --include-last-step keeps it.")
+        lines.append(f"{LAST_STEP_LEFT_OUT}; --include-last-step keeps it.")
     if result.tables["overview"]["profiler_steps"].eq(0).all():
         lines.append("No ProfilerStep markers: the whole trace is one step (step -1).")
     return lines + [missing_note(view) for view in missing_views(result.tables)]

@@ -6,10 +6,13 @@ Times are microseconds in the tables; headers ending in "ms" show them in millis
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
 
 from gpuprof.analysis.run.jsonable import json_safe
-from gpuprof.analysis.trace.tables import TABLE_TITLES
-from gpuprof.report.format import figure
+from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_TITLES, VIEW_NEEDS
+from gpuprof.report.format import MISSING, figure, known
 
 NAME_WIDTH = 70
 VERBATIM_WIDTH = 120
@@ -43,6 +46,9 @@ KERNEL_FIELDS = [("tensor_cores", "tensor cores"), ("blocks_per_sm", "blocks per
                  ("est_achieved_occupancy_pct", "est. achieved occupancy %")]
 # Plain views: (column, header).
 COLUMNS = {
+    "overview": [("rank", "rank"), ("world_size", "world size"), ("file", "file"), ("events", "events"),
+                 ("device_events", "device events"), ("has_device_activity", "device activity"),
+                 ("profiler_steps", "profiler steps"), ("span_us", "span ms")],
     "temporal_breakdown": [("rank", "rank"), ("kernel_time_us", "kernel time ms"), ("idle_time_pct", "idle %"),
                            ("compute_time_pct", "compute %"), ("non_compute_time_pct", "non-compute %")],
     "kernel_type_breakdown": [("rank", "rank"), ("kernel_type", "kernel type"), ("time_us", "time ms"),
@@ -82,6 +88,11 @@ COLUMNS = {
              ("count_diff", "count B−A"), ("total_us_a", "A ms"), ("total_us_b", "B ms"),
              ("total_us_diff", "B−A ms")],
 }
+# The tables only device (GPU) work fills, named as a reader of a CPU-only trace is told they are empty.
+DEVICE_TABLES = {"kernel_type_breakdown": "kernel type", "top_kernels": "top kernel",
+                 "temporal_breakdown": "temporal (idle/compute)", "idle_by_stream": "idle",
+                 "comm_comp_overlap": "overlap", "launch_summary": "launch", "host_device_syncs": "sync",
+                 "tensor_core_share": "tensor-core", "stragglers": "straggler", "kernels_by_op": "kernels-by-op"}
 DIFF_TITLE = "Trace B against trace A, by kernel and op (largest change in time first)"
 
 
@@ -174,3 +185,68 @@ def overview_lines(tables: dict) -> list[str]:
     return [f"rank {row['rank']}: {row['events']:,} events, {row['device_events']:,} on the device, "
             f"{row['profiler_steps']} profiler steps, {row['span_us'] / 1000:,.1f} ms  ({row['file']})"
             for row in tables["overview"].to_dict("records")]
+
+
+@dataclass(frozen=True)
+class FrameView:
+    """A table for an interactive grid: `frame` keeps numbers sortable, in the unit of each column's
+    label (µs columns whose label ends in "ms" are divided by 1000 and renamed `_ms`); a column with
+    a missing value holds text, "n/a" there. `units`: column -> "ms", "µs", "%", "bytes" or ""."""
+
+    title: str
+    frame: pd.DataFrame
+    labels: dict[str, str]
+    units: dict[str, str]
+
+
+def label_unit(header: str) -> str:
+    return next((unit for unit in ("ms", "µs", "%") if header.endswith(f" {unit}")), "")
+
+
+def frame_view(key: str, table: pd.DataFrame) -> FrameView:
+    """The table `key` with the columns and headers of its text view (COLUMNS), for the dashboard."""
+    if key in SPECIAL_VIEWS:
+        view = SPECIAL_VIEWS[key](table)
+        return FrameView(view.title, pd.DataFrame(view.rows, columns=view.headers),
+                         {h: h for h in view.headers}, {h: "" for h in view.headers})
+    frame, labels, units = pd.DataFrame(index=table.index), {}, {}
+    for column, header in COLUMNS[key]:
+        unit = "bytes" if column.endswith("_bytes") else label_unit(header)
+        values = table[column] / 1000 if unit == "ms" and column.endswith("_us") else table[column]
+        name = column.removesuffix("_us") + "_ms" if unit == "ms" and column.endswith("_us") else column
+        if column == "file":
+            values = values.map(lambda path: Path(path).name)
+        if unit == "bytes" or not values.map(known).all():
+            values = values.map(lambda value, unit=unit: figure(value, unit) if unit == "bytes" else text_cell(value))
+        frame[name], labels[name], units[name] = values, header, unit
+    return FrameView(TABLE_TITLES[key], frame.reset_index(drop=True), labels, units)
+
+
+def text_cell(value) -> str:
+    return cell(value) if known(json_safe(value)) else MISSING
+
+
+def empty_tables_note(tables: dict, has_device_activity: bool) -> str:
+    """One line naming the text tables with no rows (not those a missing profiler option explains)."""
+    optional = {name for names, _, _ in VIEW_NEEDS.values() for name in names}
+    empty = [key for key in TABLE_TITLES if key not in NOT_A_TEXT_TABLE and key not in optional
+             and key in tables and tables[key].empty]
+    if not empty:
+        return ""
+    device = [DEVICE_TABLES[key] for key in empty if key in DEVICE_TABLES]
+    others = [TABLE_TITLES[key] for key in empty if key not in DEVICE_TABLES]
+    lines = []
+    if device and not has_device_activity:
+        lines.append(f"This trace has no device activity (a CPU-only run): no GPU kernels, so the {', '.join(device)} "
+                     "tables are empty; the CPU side is below")
+    elif device:
+        lines.append(f"Empty in this trace: the {', '.join(device)} tables")
+    if others:
+        lines.append(f"no rows in: {', '.join(others)}")
+    return "; ".join(lines) + "."
+
+
+def steps_note(overview: pd.DataFrame) -> str:
+    """Why a window of N steps shows N-1 (the analyzer's default window), with the steps each rank keeps."""
+    kept = ", ".join(f"rank {rank}: {steps}" for rank, steps in zip(overview["rank"], overview["profiler_steps"]))
+    return f"{LAST_STEP_LEFT_OUT}, unless the trace has only one; profiler steps analysed: {kept}."

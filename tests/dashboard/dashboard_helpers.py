@@ -30,3 +30,8 @@ def values(trace: dict, axis: str) -> np.ndarray:
 
 def texts(elements) -> list[str]:
     return [str(element.value) for element in elements]
+
+
+def column_config(element) -> dict:
+    """A dataframe's column settings as Streamlit sends them: column -> {"label", "help", "type_config"}."""
+    return json.loads(element.proto.columns)

@@ -52,7 +52,7 @@ PAGES = (
     ("Runs", (), 0, 1, ["Recorded on", "plain trace", "gpuprof run", "Bound by input"]),  # runs beside plain traces
     ("Run", ("slow-data",), 6, 0, ["Diagnoses", "Step time by phase"]),
     ("Numerics", ("nan",), 1, 0, ["Numerics"]),
-    ("Trace", ("snap",), 1, 5, ["Timeline of a step"]),
+    ("Trace", ("snap",), 1, 3, ["Timeline of a step", "no device activity"]),  # empty tables named, not drawn
     ("Memory", ("snap",), 1, 1, ["Allocated", "Allocation timeline", "Largest live allocations"]),
     ("Distributed", ("ddp-2rank",), 1, 1, ["Distributed"]),
     ("Compare", ("baseline", "optimized"), 3, 2, ["Speedup", "95 % CI", "Comparability contract", "Measured step times"]),
@@ -113,7 +113,7 @@ def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, vi
 # The pages of plain traces (their Runs page is the folder's, above): (page, runs, charts, tables, texts).
 TRACE_PAGES = (
     ("Run", ("no_workers",), 1, 0, ["Bound by input", "waiting for the next batch", "only a gpuprof run records"]),
-    ("Trace", ("no_workers",), 1, 5, ["Step time breakdown", "Timeline of a step"]),
+    ("Trace", ("no_workers",), 1, 3, ["Step time breakdown", "Timeline of a step", "last profiler step is left out"]),
     ("Distributed", ("workers",), 0, 0, ["single process"]),
     ("Compare", ("no_workers", "workers"), 2, 1, ["Bound by input", "Step time breakdown"]),
     ("Memory", ("views",), 1, 2, ["Memory over time", "Memory allocated by operator", "aten::addmm"]),

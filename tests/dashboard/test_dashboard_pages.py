@@ -3,13 +3,14 @@ and the chart data must be those of the analysis layer for the same run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from dashboard_helpers import texts, trace_named, values
+from dashboard_helpers import column_config, texts, trace_named, values
 
 from gpuprof.analysis.run import summarize
 from gpuprof.analysis.trace import TraceAnalysis
@@ -95,9 +96,24 @@ def test_trace_page_analyses_the_runs_trace_window(traced_root, open_page):
     app = open_page(traced_root, "Trace", ("traced",))
     run = load_run(traced_root / "traced")
     assert len(run.trace_files) == 1  # one window, one rank
-    overview = app.dataframe[0].value
-    assert overview["file"].tolist() == [str(run.trace_files[0])]
-    steps = TraceAnalysis(run.trace_files).step_breakdown()
+    overview, columns = app.dataframe[0].value, column_config(app.dataframe[0])
+    assert overview["file"].tolist() == [run.trace_files[0].name]
+    assert columns["file"]["help"] == f"Full path: {run.trace_files[0]}"
+    analysis = TraceAnalysis(run.trace_files)
+    assert overview["span_ms"].tolist() == (analysis.overview()["span_us"] / 1000).tolist()
+    assert columns["span_ms"] == {"label": "span ms", "type_config": {"type": "number", "format": "%.2f"}}
+    # A CPU-only run: one line names the empty device tables, and no table is drawn empty.
+    assert all(len(frame.value) for frame in app.dataframe)
+    [empty] = [text for text in texts(app.info) if "no device activity" in text]
+    assert "no GPU kernels, so the" in empty and "tensor-core" in empty and "launch" in empty
+    assert "Computation/communication overlap" not in texts(app.subheader)
+    # The window's two steps (2-3): the last is left out, and the page says so.
+    assert overview["profiler_steps"].tolist() == [1]
+    assert any("last profiler step is left out" in text and "rank 0: 1" in text for text in texts(app.caption))
+    spread = next(frame for frame in app.dataframe if "step_time_p50_ms" in frame.value.columns)
+    assert "step_time_std_us" not in spread.value.columns  # a one-step window has no spread (was "None")
+    assert column_config(spread)["step_time_p50_ms"]["label"] == "p50 ms"
+    steps = analysis.step_breakdown()
     assert len(steps) >= 1
     np.testing.assert_allclose(values(trace_named(app, "cpu_exec"), "y"), steps["cpu_exec_us"] / 1e3)
     assert [d.proto.label for d in app.get("download_button")] == [
@@ -213,7 +229,8 @@ def test_pages_say_what_to_select(tmp_path, open_page, page):
         assert any("Select" in text for text in texts(app.info))
 
 
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+# Beside the checkout (/work/main -> /work/shared/traces), or where GPUPROF_SHARED_TRACES says (a worktree).
+SHARED_TRACES = Path(os.environ.get("GPUPROF_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
 
 
 @pytest.mark.parametrize(("trace", "device_activity"), [
@@ -231,7 +248,10 @@ def test_trace_page_analyses_an_uploaded_trace(tmp_path, open_page, trace, devic
         expected[["rank", "events", "device_events"]].values.tolist()
     no_device = [text for text in texts(app.info) if "no device activity" in text]
     assert bool(no_device) != device_activity
-    temporal = next(d.value for d in app.dataframe if "idle_time_us" in d.value.columns)
-    assert temporal["idle_time_us"].tolist() == TraceAnalysis(SHARED_TRACES / trace).temporal_breakdown()[
-        "idle_time_us"].tolist()
+    temporal = [d.value for d in app.dataframe if "idle_time_pct" in d.value.columns]
+    if device_activity:
+        assert temporal[0]["kernel_time_ms"].tolist() == (TraceAnalysis(SHARED_TRACES / trace).temporal_breakdown()[
+            "kernel_time_us"] / 1000).tolist()
+    else:
+        assert temporal == []  # the device tables are named empty, not drawn
     assert not app.error

@@ -27,6 +27,8 @@ TABLE_TITLES = {
     "module_times": "Modules",
 }
 TABLE_NAMES = tuple(TABLE_TITLES)
+# What every reader of a trace analysis is told about its window (TraceAnalysis's default).
+LAST_STEP_LEFT_OUT = "The last profiler step is left out, as HTA does (the profiler often stops inside it)"
 # The views only a trace recorded with a profiler option can fill: their tables, the option, and why it.
 VIEW_NEEDS = {
     "Input shapes": (("cpu_ops_by_shape",), "record_shapes=True", ""),

@@ -41,6 +41,21 @@ def section(title: str):
         st.error(f"{title}: could not be shown ({type(error).__name__}: {error})")
 
 
+# How a grid shows a figure of each unit (trace_views.FrameView.units); labels carry the unit.
+NUMBER_FORMATS = {"ms": "%.2f", "µs": "%.1f", "%": "%.1f"}
+
+
+def show_frame(view, key: str, helps: dict[str, str] | None = None) -> None:
+    """A FrameView (gpuprof.report.trace_views) as a sortable grid with its readable headers."""
+    helps = helps or {}
+    config = {column: st.column_config.NumberColumn(label, format=NUMBER_FORMATS[view.units[column]],
+                                                    help=helps.get(column))
+              if view.units[column] in NUMBER_FORMATS and pd.api.types.is_numeric_dtype(view.frame[column])
+              else st.column_config.Column(label, help=helps.get(column))
+              for column, label in view.labels.items()}
+    st.dataframe(view.frame, hide_index=True, key=key, column_config=config)
+
+
 def show_panel(panel, key: str = "") -> None:
     """`key` tells apart panels of one title on a page (two runs' side by side)."""
     st.subheader(panel.title)

@@ -13,8 +13,9 @@ from gpuprof.analysis.trace.tables import TABLE_TITLES, VIEW_NEEDS, missing_note
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import kernel_types_panel, top_kernels_panel, trace_memory_panel, trace_steps_panel
 from gpuprof.dashboard.views import timeline
-from gpuprof.dashboard.views.common import section, show_panel
+from gpuprof.dashboard.views.common import section, show_frame, show_panel
 from gpuprof.report import TraceWindow
+from gpuprof.report.trace_views import empty_tables_note, frame_view, steps_note
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 UPLOAD = "A trace file I upload"
@@ -53,27 +54,34 @@ def saved_upload(upload) -> Path:
 
 
 def show_tables(tables: dict, step_links=None) -> None:
-    """`step_links(step_breakdown)`: draws links to each step's timeline (for a run's trace window)."""
+    """`step_links(step_breakdown)`: draws links to each step's timeline (for a run's trace window).
+    Only tables with rows are drawn; one line names the empty ones."""
     overview = tables["overview"]
-    st.dataframe(overview, hide_index=True, key="trace_overview")
-    if not overview["has_device_activity"].any():
-        st.info("This trace has no device activity (a CPU-only run): kernel figures are empty, the CPU side is below.")
+    show_frame(frame_view("overview", overview), "trace_overview",
+               {"file": "Full path: " + "; ".join(map(str, overview["file"]))})
+    st.caption(steps_note(overview))
+    empty = empty_tables_note(tables, bool(overview["has_device_activity"].any()))
+    if empty:
+        st.info(empty)
     show_panel(trace_steps_panel(tables["step_breakdown"]))
     if step_links is not None:
         step_links(tables["step_breakdown"])
-    show_panel(kernel_types_panel(tables["kernel_type_breakdown"]))
-    show_panel(top_kernels_panel(tables["top_kernels"]))
-    st.dataframe(tables["top_kernels"], hide_index=True, key="top_kernels_table")
+    if not tables["kernel_type_breakdown"].empty:
+        show_panel(kernel_types_panel(tables["kernel_type_breakdown"]))
+    if not tables["top_kernels"].empty:
+        show_panel(top_kernels_panel(tables["top_kernels"]))
+        show_frame(frame_view("top_kernels", tables["top_kernels"]), "top_kernels_table")
     missing = missing_views(tables)
     shown_apart = [name for view in missing for name in VIEW_NEEDS[view][0]]
-    for name, title in TABLE_TITLES.items():
-        if name in SHOWN_FIRST or name in shown_apart:
+    for name in TABLE_TITLES:
+        if name in SHOWN_FIRST or name in shown_apart or tables[name].empty:
             continue
         if name == "memory_timeline":
             show_panel(trace_memory_panel(tables[name]))
             continue
-        st.subheader(title)
-        st.dataframe(tables[name], hide_index=True, key=f"trace_{name}")
+        view = frame_view(name, tables[name])
+        st.subheader(view.title)
+        show_frame(view, f"trace_{name}")
     for view in missing:
         st.info(missing_note(view))
 
