@@ -270,6 +270,9 @@ def run_panels(run, rank: int) -> list[Panel]:
     ]
 
 
+# Why the step-time grid of a data-parallel run is one colour down each column: not a defect.
+STEP_TIME_ACROSS_RANKS = ("Ranks wait for each other at every collective, so a step takes about as long on every "
+                          "rank: a straggler shows in the phase shares (pick one above) and in own work per step.")
 RANK_HEATMAPS = {"step time": ("step_time_s", None), **{f"{p} share": (f"{p}_time_s", "step_time_s") for p in PHASES}}
 
 
@@ -291,9 +294,9 @@ def _rank_heatmap(grid: pd.DataFrame, name: str) -> Panel:
     figure = go.Figure(go.Heatmap(x=table.columns, y=labels, z=table.to_numpy(dtype=float) * scale,
                                   colorscale="Viridis", colorbar=dict(title=unit)))
     figure.update_yaxes(autorange="reversed", type="category")
-    note = ""
+    note = STEP_TIME_ACROSS_RANKS if name == "step time" and len(labels) > 1 else ""
     if len(table.columns) < grid["step_last"].max() - grid["step_first"].min() + 1 or len(labels) < last_rank.max() + 1:
-        note = "Averaged over cells of neighbouring steps and ranks (downsampled for display)."
+        note = " ".join([note, "Averaged over cells of neighbouring steps and ranks (downsampled for display)."]).strip()
     return Panel(title, _layout(figure, x_title="step", height=max(CHART_HEIGHT_PX, min(3 * len(labels), 800) + 80)),
                  note)
 

@@ -12,7 +12,8 @@ import pandas as pd
 
 from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_TITLES, VIEW_NEEDS
-from gpuprof.report.format import MISSING, figure, known
+from gpuprof.report.format import figure
+from gpuprof.report.frames import FrameView, shown_values
 
 NAME_WIDTH = 70
 VERBATIM_WIDTH = 120
@@ -187,18 +188,6 @@ def overview_lines(tables: dict) -> list[str]:
             for row in tables["overview"].to_dict("records")]
 
 
-@dataclass(frozen=True)
-class FrameView:
-    """A table for an interactive grid: `frame` keeps numbers sortable, in the unit of each column's
-    label (µs columns whose label ends in "ms" are divided by 1000 and renamed `_ms`); a column with
-    a missing value holds text, "n/a" there. `units`: column -> "ms", "µs", "%", "bytes" or ""."""
-
-    title: str
-    frame: pd.DataFrame
-    labels: dict[str, str]
-    units: dict[str, str]
-
-
 def label_unit(header: str) -> str:
     return next((unit for unit in ("ms", "µs", "%") if header.endswith(f" {unit}")), "")
 
@@ -216,14 +205,8 @@ def frame_view(key: str, table: pd.DataFrame) -> FrameView:
         name = column.removesuffix("_us") + "_ms" if unit == "ms" and column.endswith("_us") else column
         if column == "file":
             values = values.map(lambda path: Path(path).name)
-        if unit == "bytes" or not values.map(known).all():
-            values = values.map(lambda value, unit=unit: figure(value, unit) if unit == "bytes" else text_cell(value))
-        frame[name], labels[name], units[name] = values, header, unit
+        frame[name], labels[name], units[name] = shown_values(values, unit, cell), header, unit
     return FrameView(TABLE_TITLES[key], frame.reset_index(drop=True), labels, units)
-
-
-def text_cell(value) -> str:
-    return cell(value) if known(json_safe(value)) else MISSING
 
 
 def empty_tables_note(tables: dict, has_device_activity: bool) -> str:
@@ -244,6 +227,14 @@ def empty_tables_note(tables: dict, has_device_activity: bool) -> str:
     if others:
         lines.append(f"no rows in: {', '.join(others)}")
     return "; ".join(lines) + "."
+
+
+def empty_table_note(key: str, has_device_activity: bool) -> str:
+    """Why one table has no rows."""
+    if key in DEVICE_TABLES and not has_device_activity:
+        return (f"{TABLE_TITLES[key]}: empty, as the trace has no device activity (a CPU-only run): it is measured "
+                "on the GPU's kernels and streams.")
+    return f"{TABLE_TITLES[key]}: no rows in this trace."
 
 
 def steps_note(overview: pd.DataFrame) -> str:

@@ -136,9 +136,19 @@ def test_distributed_page_compares_the_ranks(sample_root, open_page):
     slowest, per_rank = (frame.value for frame in app.dataframe[:2])
     summary = summarize(load_run(sample_root / "ddp-2rank"))
     assert per_rank["rank"].tolist() == [0, 1]
-    np.testing.assert_allclose(per_rank["step_time_p50_s"], summary.per_rank["step_time_p50_s"])
+    np.testing.assert_allclose(per_rank["step_time_p50_ms"], summary.per_rank["step_time_p50_s"] * 1e3)
+    assert column_config(app.dataframe[1])["step_time_p50_ms"] == {
+        "label": "step time p50 ms", "type_config": {"type": "number", "format": "%.2f"}}
+    assert column_config(app.dataframe[0])["vs_median_pct"]["type_config"]["format"] == "%.1f"  # not 75.5147
+    assert per_rank["mfu"].tolist() == ["n/a", "n/a"]  # a CPU run has no peak FLOP/s
     # the sample's rank 1 was slowed down: it heads the slowest ranks and is the rank shown first
     assert slowest["rank"].tolist() == [1, 0] and app.selectbox(key="dist_rank").value == 1
+    # DDP makes every rank's step time alike: the heatmap says so, and where a straggler shows instead
+    assert any("a step takes about as long on every rank" in text for text in texts(app.caption))
+    # a gloo run has no device kernels: the overlap table says why it is empty instead of showing headers
+    assert any(text.startswith("Computation/communication overlap: empty, as the trace has no device activity")
+               for text in texts(app.info))
+    assert not any("comm_comp_overlap_pct" in frame.value.columns for frame in app.dataframe)
     steps = load_run(sample_root / "ddp-2rank").steps
     np.testing.assert_allclose(values(trace_named(app, "rank 1"), "y"), steps[steps["rank"] == 1]["step_time_s"] * 1e3)
     assert not app.error

@@ -41,19 +41,22 @@ def section(title: str):
         st.error(f"{title}: could not be shown ({type(error).__name__}: {error})")
 
 
-# How a grid shows a figure of each unit (trace_views.FrameView.units); labels carry the unit.
+# How a grid shows a figure of each unit (gpuprof.report.frames.FrameView.units); labels carry the unit.
 NUMBER_FORMATS = {"ms": "%.2f", "µs": "%.1f", "%": "%.1f"}
 
 
 def show_frame(view, key: str, helps: dict[str, str] | None = None) -> None:
-    """A FrameView (gpuprof.report.trace_views) as a sortable grid with its readable headers."""
+    """A FrameView (gpuprof.report.frames) as a sortable grid with its readable headers."""
     helps = helps or {}
-    config = {column: st.column_config.NumberColumn(label, format=NUMBER_FORMATS[view.units[column]],
-                                                    help=helps.get(column))
-              if view.units[column] in NUMBER_FORMATS and pd.api.types.is_numeric_dtype(view.frame[column])
-              else st.column_config.Column(label, help=helps.get(column))
-              for column, label in view.labels.items()}
-    st.dataframe(view.frame, hide_index=True, key=key, column_config=config)
+    st.dataframe(view.frame, hide_index=True, key=key, column_config={
+        column: _column(view.frame[column], label, view.units[column], helps.get(column))
+        for column, label in view.labels.items()})
+
+
+def _column(values: pd.Series, label: str, unit: str, help_text: str | None):
+    if pd.api.types.is_float_dtype(values):
+        return st.column_config.NumberColumn(label, format=NUMBER_FORMATS.get(unit, "localized"), help=help_text)
+    return st.column_config.Column(label, help=help_text)
 
 
 def show_panel(panel, key: str = "") -> None:

@@ -10,7 +10,11 @@ from gpuprof.analysis.run.summary import slowest_ranks
 from gpuprof.analysis.trace.tables import TABLE_TITLES
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import rank_phase_panel
-from gpuprof.dashboard.views.common import need_runs, section, show_findings, show_not_in_a_trace, show_panel
+from gpuprof.dashboard.views.common import (
+    need_runs, section, show_findings, show_frame, show_not_in_a_trace, show_panel,
+)
+from gpuprof.report.frames import units_view
+from gpuprof.report.trace_views import empty_table_note, frame_view
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 SLOWEST_SHOWN = 10
@@ -42,7 +46,7 @@ def render(root, entries, selected) -> None:
     with section("Slowest ranks"):
         st.subheader("Slowest ranks")
         st.caption("Ranked by own work per step (the phases outside DDP's all-reduce), against the median rank.")
-        st.dataframe(slowest, hide_index=True, key="slowest_ranks")
+        show_frame(units_view(slowest), "slowest_ranks")
     with section("Ranks over the run"):
         heatmaps = data.rank_heatmaps(str(entry.path), entry.signature)
         shown = st.selectbox("Heatmap", list(heatmaps), key="rank_heatmap")
@@ -57,7 +61,7 @@ def render(root, entries, selected) -> None:
             show_panel(panel)
     with section("Per-rank figures"):
         st.subheader("Per-rank figures")
-        st.dataframe(summary.per_rank, hide_index=True, key="per_rank_table")
+        show_frame(units_view(summary.per_rank), "per_rank_table")
         show_panel(rank_phase_panel(summary.per_rank))
     with section("Communication"):
         show_communication(entry.report)
@@ -122,4 +126,7 @@ def show_communication(report) -> None:
         return
     for name in COMMUNICATION_TABLES:
         st.subheader(f"{TABLE_TITLES[name]} (trace window {window.name})")
-        st.dataframe(window.tables[name], hide_index=True, key=f"dist_{name}")
+        if window.tables[name].empty:
+            st.info(empty_table_note(name, window.has_device_activity))
+        else:
+            show_frame(frame_view(name, window.tables[name]), f"dist_{name}")
