@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gpuprof.report.format import figure, gain_text, value_text
+from gpuprof.report.format import figure, gain_text, rank_list, value_text
 
 JSON_SCHEMA_VERSION = 1
 # Past this many ranks the text report lists the slowest ones only (--json has every rank).
@@ -93,8 +93,8 @@ def hotspot_lines(hotspots) -> list[str]:
 def _missing_lines(missing: list[int]) -> list[str]:
     if not missing:
         return []
-    shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-    return [f"  missing     {len(missing)} rank(s) left no readable steps and are not in these figures: {shown}"]
+    return [f"  missing     {len(missing)} rank(s) left no readable steps and are not in these figures: "
+            f"{rank_list(missing)}"]
 
 
 def per_rank_lines(summary) -> list[str]:

@@ -116,6 +116,13 @@ def _binary(value_bytes: float) -> str:
     return f"{value_bytes:.3g} {BINARY_PREFIXES[index]}"
 
 
+def rank_list(ranks, shown: int = 20) -> str:
+    """"3, 7, 21", or past `shown` ranks "0, 1, …, 19 and 44 more" (one wording on every page and line)."""
+    ranks = list(ranks)
+    text = ", ".join(map(str, ranks[:shown]))
+    return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+
+
 def present(mapping: dict) -> dict:
     """The entries of `mapping` that hold something: no None, NaN, empty text, list or dict."""
     return {key: value for key, value in mapping.items() if known(value) and not (

@@ -26,6 +26,7 @@ from gpuprof.diagnoses.context import DEVICE_FIGURES, trace_context, trace_meta
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.report.build import CACHED_REPORTS, TraceWindow, trace_window
+from gpuprof.report.format import rank_list
 from gpuprof.report.verdict import Verdict, decide, with_failed_rules
 from gpuprof.run.reader import run_signature
 
@@ -182,8 +183,8 @@ def notes(result, spans: list[list[Path]], include_last_step: bool) -> list[str]
                      "the dashboard shows each")
     if result.missing_ranks:
         missing = result.missing_ranks
-        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        lines.append(f"{len(missing)} rank(s) of the recorded world size have no readable trace here: {shown}")
+        lines.append(f"{len(missing)} rank(s) of the recorded world size have no readable trace here: "
+                     f"{rank_list(missing)}")
     if not result.has_device_activity:
         lines.append("No device (GPU) activity in this trace: device analyses are empty; CPU side reported.")
     if not include_last_step:

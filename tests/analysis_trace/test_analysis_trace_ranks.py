@@ -117,6 +117,9 @@ def test_a_torn_and_a_missing_rank_are_reported_and_the_rest_analysed(tmp_path):
     assert document["unreadable_files"][0]["file"].endswith("trace_003.json.gz")
     assert document["missing_ranks"][:2] == [3, 5] and len(document["missing_ranks"]) == SOURCE_WORLD - 6
     assert any("trace_003.json.gz could not be read" in note for note in document["notes"])
+    missing = document["missing_ranks"]  # named as every page names a long rank list (report.format.rank_list)
+    assert f"no readable trace here: 3, 5, {missing[2]}" in " ".join(document["notes"])
+    assert any(note.endswith(f" and {len(missing) - 20} more") for note in document["notes"]) == (len(missing) > 20)
     assert len(document["tables"]["stragglers"]) == 6
 
 

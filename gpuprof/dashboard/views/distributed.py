@@ -13,6 +13,7 @@ from gpuprof.dashboard.charts import rank_phase_panel
 from gpuprof.dashboard.views.common import (
     need_runs, section, show_findings, show_frame, show_not_in_a_trace, show_panel,
 )
+from gpuprof.report.format import rank_list
 from gpuprof.report.frames import units_view
 from gpuprof.report.trace_views import empty_table_note, frame_view
 from gpuprof.report.verdict import HOW_TO_RECORD
@@ -39,7 +40,7 @@ def render(root, entries, selected) -> None:
     st.caption(f"{summary.world_size} ranks · figures after warm-up ({summary.warmup.reason}).")
     if summary.missing_ranks:
         st.warning(f"{len(summary.missing_ranks)} rank(s) left no readable steps and are not shown: "
-                   f"{shorten(summary.missing_ranks)}.")
+                   f"{rank_list(summary.missing_ranks)}.")
     st.subheader("Stragglers and communication")
     show_findings(entry.report.findings_in("communication"))
     slowest = slowest_ranks(summary.per_rank, SLOWEST_SHOWN)
@@ -107,11 +108,6 @@ def show_traced_ranks(entry) -> None:
         show_communication(report)
     show_not_in_a_trace("the per-step figures of every rank over the run (heatmaps, slowest ranks by phase)",
                         ("steps", "phases"))
-
-
-def shorten(ranks: list[int], shown: int = 20) -> str:
-    text = ", ".join(map(str, ranks[:shown]))
-    return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
 def show_communication(report) -> None:
