@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 
+from gpuprof.units import bytes_text
+
 GIB = 2**30
 MISSING = "n/a"
 # A severity's colour: by name (Streamlit's markdown colours) and as hex (the HTML report).
 SEVERITY_COLORS = {"critical": ("red", "#c62828"), "warning": ("orange", "#ef6c00"), "info": ("blue", "#1565c0")}
-BINARY_PREFIXES = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def known(value) -> bool:
@@ -50,7 +51,7 @@ def figure(value, unit: str = "") -> str:
     if unit == "s" and abs(value) < 1:
         return f"{1000 * value:.3g} ms"
     if unit == "bytes":
-        return _binary(value)
+        return bytes_text(value)
     if unit == "%":
         return f"{value:.1f} %"
     if isinstance(value, float):
@@ -106,14 +107,6 @@ def range_text(low: float, high: float, unit: str = "") -> str:
 def fmt_ratio_interval(interval) -> str:
     """"1.42× (95 % CI 1.31–1.55×)"."""
     return fmt_interval(interval, "×")
-
-
-def _binary(value_bytes: float) -> str:
-    index = 0
-    while abs(value_bytes) >= 1024 and index < len(BINARY_PREFIXES) - 1:
-        value_bytes /= 1024
-        index += 1
-    return f"{value_bytes:.3g} {BINARY_PREFIXES[index]}"
 
 
 def rank_list(ranks, shown: int = 20) -> str:

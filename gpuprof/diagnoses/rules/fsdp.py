@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
+from gpuprof.units import bytes_text
 
 SHARDED_KINDS = ("all_gather", "reduce_scatter")
 EXPOSED_WARNING_PCT = 10.0
@@ -150,8 +151,8 @@ def memory_vs_ddp(ctx):
     return Finding(
         rule="fsdp-memory-vs-ddp",
         severity="warning" if costly else "info",
-        title=f"The model would fit without sharding: DDP would peak near {_gib(ddp_bytes)} per rank "
-        f"({ddp_pct:.0f}% of {_gib(memory['capacity_bytes_per_rank'])}); FSDP saves {_gib(saved)} per rank",
+        title=f"The model would fit without sharding: DDP would peak near {bytes_text(ddp_bytes)} per rank "
+        f"({ddp_pct:.0f}% of {bytes_text(memory['capacity_bytes_per_rank'])}); FSDP saves {bytes_text(saved)} per rank",
         evidence={**memory, "model_state_bytes": facts["model_state_bytes"],
                   "model_state_bytes_per_rank": facts["model_state_bytes_per_rank"],
                   "ddp_peak_bytes_per_rank_est": ddp_bytes, "ddp_peak_pct": ddp_pct,
@@ -188,7 +189,7 @@ def reshard_after_forward(ctx):
                       "all_gathers_per_step": float(worst["all_gather_count"]),
                       "threshold_headroom_pct": RESHARD_HEADROOM_PCT},
             fix=(f"fully_shard(..., reshard_after_forward=False){ctx.workload_flags('--no-reshard-after-forward')} keeps "
-                 f"each unit's parameters gathered until its backward: about {_gib(gathered)} more per rank, "
+                 f"each unit's parameters gathered until its backward: about {bytes_text(gathered)} more per rank, "
                  "and the backward all-gathers disappear; or reshard_after_forward=N to keep them gathered "
                  "within groups of N ranks."),
             est_gain_pct=gather_pct / 2,  # about half the all-gathers are backward's
@@ -198,11 +199,7 @@ def reshard_after_forward(ctx):
             rule="fsdp-reshard-after-forward", severity="warning",
             title=f"Parameters stay gathered from forward to backward with memory {peak_pct:.0f}% used",
             evidence={**evidence, "threshold_tight_pct": RESHARD_TIGHT_PCT},
-            fix=(f"reshard_after_forward=True frees about {_gib(gathered)} per rank after each unit's forward, "
+            fix=(f"reshard_after_forward=True frees about {bytes_text(gathered)} per rank after each unit's forward, "
                  "at the cost of gathering the parameters again in backward."),
         )
     return None
-
-
-def _gib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:.2f} GiB" if abs(n_bytes) >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

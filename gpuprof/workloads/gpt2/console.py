@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from gpuprof.units import bytes_text
+
 
 class Progress:
     """A tqdm bar with loss and tokens/s, refreshed every `log_every` steps.
@@ -50,16 +52,8 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"
 
 
-def format_bytes(n_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n_bytes < 1024:
-            return f"{n_bytes:.1f} {unit}"
-        n_bytes /= 1024
-    return f"{n_bytes:.1f} GiB"
-
-
 def summary_line(result) -> str:
-    memory = format_bytes(result.peak_memory_bytes)
+    memory = bytes_text(result.peak_memory_bytes)
     return (
         f"{result.config.variant} {result.config.model_size}: {result.steps_run} "
         f"step{'' if result.steps_run == 1 else 's'}, "
