@@ -5,6 +5,7 @@ docs/run-format.md is the human-readable contract; these tuples are its machine 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
@@ -116,6 +117,13 @@ EVENT_KINDS = tuple(value for name, value in vars(EventKind).items() if name.isu
 
 def rank_dir_name(rank: int) -> str:
     return f"rank-{rank}"
+
+
+def bundle_in_run(run_dir: str | Path, recorded: str) -> Path:
+    """The replay bundle an event names, in the run's numerics folder where the format keeps it: the path
+    recorded at training time is relative to that process's working folder, or to a machine the run may
+    since have left."""
+    return Path(run_dir) / NUMERICS_DIR / Path(recorded).name
 
 
 # ---------------------------------------------------------------- what meta files must hold

@@ -28,6 +28,7 @@ from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.stats import Interval, TooFewStepsError, mean_interval, speedup_interval, steps_needed
 from gpuprof.diagnoses.knob import all_knobs, knobs_of
 from gpuprof.errors import GpuprofError
+from gpuprof.run.writer import write_json_atomic
 from gpuprof.tune.edits import diff_of
 from gpuprof.tune.trials import Trial, WorkloadTarget, await_file, bracket, effect_of, launch, read
 
@@ -113,15 +114,9 @@ def tune(target, out_dir, *, steps: int | None = None, only: list[str] | None = 
         optimized = Trial("optimized", (), str(out / "optimized"))
         result.trials.append(_run(target, optimized, baselines, extra=("--variant", "optimized")))
     _conclude(target, result)
-    if os.environ.get("RANK", "0") == "0":
-        _save(result, out / RESULT_FILE)
+    if os.environ.get("RANK", "0") == "0":  # whole or absent: the dashboard may read it at any time
+        write_json_atomic(out / RESULT_FILE, json_safe(result.to_dict()))
     return result
-
-
-def _save(result: TuneResult, path: Path) -> None:
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(json_safe(result.to_dict()), indent=1))
-    partial.replace(path)  # whole or absent: the dashboard may read it at any time
 
 
 def read_result(path: Path) -> dict:

@@ -70,8 +70,7 @@ def render(root, entries, selected) -> None:
     comparison = None
     with section("Comparison"):
         pooling = baseline_pooling(baseline)
-        reports_a = [entry.report for entry in baseline]
-        comparison = compare(reports_a if len(reports_a) > 1 else reports_a[0], entry_b.report, pooling=pooling)
+        comparison = compare([entry.report for entry in baseline], entry_b.report, pooling=pooling)
         headline(comparison)
         if len(baseline) > 1:
             st.caption(f"A: {escape_markdown(comparison.a_side.label)}")

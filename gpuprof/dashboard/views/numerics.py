@@ -15,7 +15,7 @@ from gpuprof.dashboard.views.common import (
 )
 from gpuprof.numerics.blame import PHASE_MEANINGS
 from gpuprof.report.format import figure, value_text
-from gpuprof.run.schema import NUMERICS_DIR
+from gpuprof.run.schema import bundle_in_run
 
 EVENT_COLUMNS = {
     "time": st.column_config.DatetimeColumn("time (UTC)", format="HH:mm:ss.SSS"),
@@ -48,16 +48,9 @@ def readable_events(events: pd.DataFrame) -> pd.DataFrame:
     return shown.assign(time=pd.to_datetime(events["time_unix_s"], unit="s"))[["time", *shown.columns]]
 
 
-def bundle_path(run_path: Path, recorded: str) -> Path:
-    """The replay bundle in this run's numerics folder, where the run format keeps it: the path
-    recorded at training time is relative to that process's working folder, or to a machine the
-    run may since have left."""
-    return run_path / NUMERICS_DIR / Path(recorded).name
-
-
 def replay_bundle(run_path: Path, event: pd.Series) -> Path | None:
     details = event["details"] if isinstance(event["details"], dict) else {}
-    return bundle_path(run_path, details["bundle"]) if details.get("bundle") else None
+    return bundle_in_run(run_path, details["bundle"]) if details.get("bundle") else None
 
 
 def show_blame(entry, event: pd.Series) -> None:

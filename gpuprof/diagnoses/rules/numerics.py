@@ -7,8 +7,6 @@ whole run, else its detectors replayed over the recorded steps (a run recorded w
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from gpuprof.analysis.run.summary import column, flag
@@ -17,7 +15,7 @@ from gpuprof.diagnoses.registry import rule
 from gpuprof.numerics.blame import PHASE_MEANINGS, Blame
 from gpuprof.numerics.timeline import ScalerTimeline
 from gpuprof.run import query as q
-from gpuprof.run.schema import NUMERICS_DIR, EventKind
+from gpuprof.run.schema import EventKind, bundle_in_run
 
 NUMERICS_COLLECTOR = "numerics"
 SCALER_TROUBLE_KINDS = (EventKind.SCALER_PERSISTENT_OVERFLOW, EventKind.SCALER_SCALE_BELOW_ONE)
@@ -87,9 +85,7 @@ def _replay_text(ctx, blame: dict | None) -> str:
     recorded = blame["details"].get("bundle") if blame else None
     if not recorded:
         return ""
-    run_path = getattr(getattr(ctx, "run", None), "path", None)
-    bundle = Path(run_path) / NUMERICS_DIR / Path(recorded).name if run_path is not None else Path(recorded)
-    return f"Re-run the first bad step with `gpuprof replay {bundle}`. "
+    return f"Re-run the first bad step with `gpuprof replay {bundle_in_run(ctx.run.path, recorded)}`. "
 
 
 def _start_text(blame: dict | None) -> str:
