@@ -47,7 +47,7 @@ peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusag
 print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "peak_rss_mb": peak / 1024}))
 """
 HTA_RUN = """
-import json, logging, resource, sys, time
+import json, logging, os, resource, sys, time
 logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
 start, cpu_start = time.perf_counter(), sum(os.times()[:4])
