@@ -165,7 +165,7 @@ def main() -> int:
             events = replicate(source, copies, target / "rank-0.json")
             cases.append((f"a100 x{copies}", target, events, with_hta))
 
-    print(f"{'trace':<20} {'events':>10} {'file MB':>7} {'gpuprof s':>10} {'HTA s':>9} {'speed-up':>9} "
+    print(f"{'trace':<20} {'events':>10} {'file MB':>7} {'gpuprof s':>10} {'HTA s':>9} {'speed-up':>9} {'CPU s-up':>9} "
           f"{'gpuprof MB':>11} {'HTA MB':>8} {'mem ratio':>10} {'floor s':>8} {'vs floor':>9}")
     for name, trace_dir, events, with_hta in cases:
         size_mb = sum(f.stat().st_size for f in trace_dir.iterdir()) / 2**20
