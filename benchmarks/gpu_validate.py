@@ -63,11 +63,11 @@ import overhead  # benchmarks/overhead.py, beside this script
 import gpuprof
 from gpuprof.analysis.memory_snapshot import read_snapshot
 from gpuprof.analysis.run import summarize
-from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.cli import main as gpuprof_cli
 from gpuprof.flops import model_flops_per_token
 from gpuprof.hardware import peak_flops_per_s
 from gpuprof.numerics.blame import Blame, format_blame
+from gpuprof.run.jsonable import json_safe
 from gpuprof.run.schema import EventKind
 from gpuprof.workloads.gpt2 import TrainConfig, build_model, build_optimizer
 from gpuprof.workloads.gpt2.faults import Injector, parse

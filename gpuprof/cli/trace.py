@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         document = report.to_dict()
         if diff is not None:
-            from gpuprof.analysis.run.jsonable import json_safe
+            from gpuprof.run.jsonable import json_safe
 
             document["diff"] = {"a": str(args.path), "b": str(args.diff), "rows": json_safe(diff.to_dict("records"))}
         json.dump(document, sys.stdout, sort_keys=True, indent=1, allow_nan=False)

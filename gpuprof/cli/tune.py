@@ -41,7 +41,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuprof.analysis.run.jsonable import json_safe
+    from gpuprof.run.jsonable import json_safe
     from gpuprof.errors import GpuprofError
     from gpuprof.tune.trials import ScriptTarget, WorkloadTarget
     from gpuprof.tune.tuning import tune

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.run.jsonable import json_safe
 from gpuprof.run.schema import SEVERITIES
 
 # What bounds a step, and so what a rule speaks to: each rule has one category (the report's

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.summary import RunSummary
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.ranks import analysis_tables
@@ -25,6 +24,7 @@ from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.errors import GpuprofError
 from gpuprof.report.verdict import Verdict, decide, with_failed_rules
+from gpuprof.run.jsonable import json_safe
 from gpuprof.run.reader import Run, load_run, run_signature
 from gpuprof.run.schema import EventKind
 

@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analysis.run import stats
-from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.summary import PHASES, measured_step_table
 from gpuprof.errors import GpuprofError
 from gpuprof.report import gate
@@ -19,6 +18,7 @@ from gpuprof.report.build import Report
 from gpuprof.report.contract import TERMS, Difference, differences
 from gpuprof.report.format import MISSING, ci_text, figure_text, fmt_interval, fmt_ratio_interval
 from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate
+from gpuprof.run.jsonable import json_safe
 
 # The columns of a step table that are resampled (each only where every measured step has it).
 RESAMPLED = ("step_time_s", "rank_time_s", "tokens", "mfu_time_s", *(f"{phase}_time_s" for phase in PHASES))

@@ -78,7 +78,7 @@ class TraceReport:
 
     def to_dict(self) -> dict:
         """The `gpuprof trace --json` document (docs/json-output.md)."""
-        from gpuprof.analysis.run.jsonable import json_safe
+        from gpuprof.run.jsonable import json_safe
 
         return {
             "schema": SCHEMA,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_TITLES, VIEW_NEEDS
 from gpuprof.report.format import figure
 from gpuprof.report.frames import FrameView, shown_values
+from gpuprof.run.jsonable import json_safe
 
 NAME_WIDTH = 70
 VERBATIM_WIDTH = 120

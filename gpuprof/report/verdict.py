@@ -22,14 +22,14 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from gpuprof.analysis.run.jsonable import json_safe
+from gpuprof.analysis.run.hotspots import top_sites
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.rules.attention import eager_attention
 from gpuprof.diagnoses.rules.optimizer import unfused_optimizers
 from gpuprof.diagnoses.rules.precision import FP32_NAMES, recorded_dtype
-from gpuprof.analysis.run.hotspots import top_sites
 from gpuprof.report.format import fmt, fmt_ms, fmt_share
+from gpuprof.run.jsonable import json_safe
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
 BOUND_MIN_SHARE_PCT = 15.0

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gpuprof.run import schema
+from gpuprof.run.jsonable import encodable
 
 logger = logging.getLogger("gpuprof")
 
@@ -30,23 +31,13 @@ BUFFER_S = 1.0  # the longest that step, layer and system records stay in memory
 BUFFERED_STREAMS = ("steps", "layers", "system", "heartbeats", "stacks")
 
 
-def _json_default(value: Any):
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy / torch scalars
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
-
-
 def dumps(record: Mapping[str, Any]) -> str:
-    return json.dumps(record, default=_json_default, separators=(",", ":"))
+    return json.dumps(record, default=encodable, separators=(",", ":"))
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, default=_json_default, indent=2) + "\n")
+    tmp.write_text(json.dumps(data, default=encodable, indent=2) + "\n")
     os.replace(tmp, path)
 
 
@@ -198,7 +189,7 @@ def compact(jsonl: Path, stream: str) -> None:
 
     frame = read_jsonl_frame(jsonl, stream)
     if "details" in frame:
-        frame["details"] = [json.dumps(d, default=_json_default) if d is not None else None for d in frame["details"]]
+        frame["details"] = [json.dumps(d, default=encodable) if d is not None else None for d in frame["details"]]
     for column in frame.columns:  # a column of only nulls is stored as float, not pyarrow's null type
         if frame[column].isna().all():
             frame[column] = frame[column].astype("float64")

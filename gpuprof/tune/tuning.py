@@ -24,10 +24,10 @@ from typing import Callable
 
 import psutil
 
-from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.analysis.run.stats import Interval, TooFewStepsError, mean_interval, speedup_interval, steps_needed
 from gpuprof.diagnoses.knob import all_knobs, knobs_of
 from gpuprof.errors import GpuprofError
+from gpuprof.run.jsonable import json_safe
 from gpuprof.run.writer import write_json_atomic
 from gpuprof.tune.edits import diff_of
 from gpuprof.tune.trials import Trial, WorkloadTarget, await_file, bracket, effect_of, launch, read

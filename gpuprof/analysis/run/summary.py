@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpuprof.analysis.run.jsonable import json_safe
 from gpuprof.run import query as q
+from gpuprof.run.jsonable import json_safe
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 # Evaluation inside the loop: reported apart, and left out of the training step's phase split.
@@ -167,9 +167,7 @@ def measured_sample_figures(query, warmup: Warmup, device_figures: dict) -> dict
 
 def first_row(frame: pd.DataFrame) -> dict:
     """The single row of an aggregate as plain numbers, None where unknown."""
-    row = frame.iloc[0]
-    return {name: (row[name].item() if hasattr(row[name], "item") else row[name]) if pd.notna(row[name]) else None
-            for name in frame.columns}
+    return json_safe(frame.iloc[0].to_dict(), digits=None)
 
 
 def percentile(values: pd.Series, q: float) -> float | None:
