@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 import psutil
 import torch
 
+from gpuprof.units import bytes_text
+
 DEFAULT_BUDGET_PCT = 5.0
 FREE_SHARE = 0.5  # of the memory the run leaves free, the most the copy may take
 WHAT = {"state": "the whole state", "parameters": "the parameters and buffers alone"}
@@ -100,22 +102,18 @@ def place(sizes: dict[str, int], pools: tuple[Pool, ...], pct: float, step: int,
     for what in ("state", "parameters"):
         for pool in pools:
             if sizes[what] <= budgets[pool.name]:
-                reason = f"{WHAT[what]} ({_gib(sizes[what])}) fits the {pool.name}'s budget {when}: {considered}"
+                reason = f"{WHAT[what]} ({bytes_text(sizes[what])}) fits the {pool.name}'s budget {when}: {considered}"
                 if what != "state":
-                    reason += f"; the whole state ({_gib(sizes['state'])}) fits none"
+                    reason += f"; the whole state ({bytes_text(sizes['state'])}) fits none"
                 return Placement(what, pool.name, sizes[what], step, measured, reason, pools)
-    reason = (f"neither the whole state ({_gib(sizes['state'])}) nor the parameters ({_gib(sizes['parameters'])}) "
+    reason = (f"neither the whole state ({bytes_text(sizes['state'])}) nor the parameters ({bytes_text(sizes['parameters'])}) "
               f"fit a budget {when}: {considered}")
     return Placement("nothing", "none", 0, step, measured, reason, pools)
 
 
 def _budget_text(pool: Pool, budget: int, pct: float, held: int) -> str:
-    free = f"{_gib(pool.free_bytes)} free" + (f" + {_gib(held)} held by the copy before" if held else "")
-    return f"{pool.name} {_gib(budget)} (the least of {pct:g}% of {_gib(pool.total_bytes)} and half of {free})"
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.3g} GiB"
+    free = f"{bytes_text(pool.free_bytes)} free" + (f" + {bytes_text(held)} held by the copy before" if held else "")
+    return f"{pool.name} {bytes_text(budget)} (the least of {pct:g}% of {bytes_text(pool.total_bytes)} and half of {free})"
 
 
 def nbytes(tensors) -> int:
