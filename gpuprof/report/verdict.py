@@ -25,9 +25,7 @@ import pandas as pd
 from gpuprof.analysis.run.hotspots import top_sites
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
-from gpuprof.diagnoses.rules.attention import eager_attention
-from gpuprof.diagnoses.rules.optimizer import unfused_optimizers
-from gpuprof.diagnoses.rules.precision import FP32_NAMES, recorded_dtype
+from gpuprof.diagnoses.loopfacts import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
 from gpuprof.report.format import fmt, fmt_ms, fmt_share
 from gpuprof.run.jsonable import json_safe
 

@@ -9,15 +9,8 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
+from gpuprof.diagnoses.loopfacts import eager_attention
 from gpuprof.diagnoses.registry import rule
-
-UNFUSED_ATTENTION = {"eager", "math", "manual"}
-
-
-def eager_attention(model_facts: dict) -> bool:
-    """Whether the model's recorded attention implementation (meta["loop"]["model"]) is an unfused one."""
-    return str(model_facts.get("attn_implementation") or "").lower() in UNFUSED_ATTENTION
-
 
 @rule("attention-not-fused", "compute")
 def attention_not_fused(ctx):

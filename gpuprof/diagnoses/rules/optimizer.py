@@ -10,6 +10,7 @@ import inspect
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
+from gpuprof.diagnoses.loopfacts import unfused_optimizers
 from gpuprof.diagnoses.registry import rule
 
 # Below this share of step time the optimizer step is not worth a warning.
@@ -22,17 +23,6 @@ def implementation(facts: dict, on_gpu: bool) -> str:
         return "fused"
     foreach = facts.get("foreach")
     return "foreach" if foreach or (foreach is None and on_gpu) else "for-loop"
-
-
-def fused_kernel_unused(facts: dict) -> bool:
-    """Whether torch has a fused kernel for the recorded optimizer (meta["loop"]["optimizer"]) that it
-    was not built to use."""
-    return bool(facts.get("fused_supported")) and not facts.get("fused")
-
-
-def unfused_optimizers(facts: dict) -> list[dict]:
-    """The recorded optimizers with an unused fused kernel: of several (a "members" list), each one's facts."""
-    return [member for member in facts.get("members", [facts]) if fused_kernel_unused(member)]
 
 
 @rule("unfused-optimizer", "compute")

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
+from gpuprof.diagnoses.loopfacts import FP32_NAMES, recorded_dtype
 from gpuprof.diagnoses.registry import rule
 
-FP32_NAMES = {"fp32", "float32"}
 # torch.set_float32_matmul_precision levels that let fp32 matmuls use TF32 (or bf16) tensor cores.
 TENSOR_CORE_FP32_PRECISIONS = {"high", "medium"}
 TENSOR_CORE_MATMUL_MIN_PCT = 50.0
-
-
-def recorded_dtype(meta: dict) -> str | None:
-    """The dtype the loop computes in: the autocast dtype capture saw in the forward, else the compute
-    dtype it recorded."""
-    recorded = (meta.get("loop") or {}).get("autocast_dtype") or meta.get("compute_dtype")
-    return None if recorded is None else str(recorded).lower()
 
 
 def tf32_enabled(ctx) -> bool | None:

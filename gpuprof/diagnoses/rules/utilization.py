@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
+from gpuprof.diagnoses.loopfacts import recorded_dtype
 from gpuprof.diagnoses.registry import rule
-from gpuprof.diagnoses.rules.precision import recorded_dtype
 from gpuprof.run import query as q
 
 GPU_UTIL_WARNING_PCT = 70.0
