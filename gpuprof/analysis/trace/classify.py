@@ -127,12 +127,13 @@ def kernel_types(names: pd.Series, kinds: pd.Series) -> pd.Series:
 
 
 def map_categories(values: pd.Series, function, categories) -> pd.Series:
-    """Apply `function` once per distinct value of a categorical Series."""
+    """Apply `function` (whose results are among `categories`) once per distinct value of a categorical Series."""
     values = values.astype("category")
-    labels = np.array([function(str(v)) for v in values.cat.categories], dtype=object)
-    codes = values.cat.codes.to_numpy()
-    mapped = np.where(codes >= 0, labels[codes] if len(labels) else None, None)
-    return pd.Series(pd.Categorical(mapped, categories=categories), index=values.index)
+    code_of = {category: code for code, category in enumerate(categories)}
+    # The trailing -1 is what a missing value (code -1) maps to.
+    mapped = np.array([code_of[function(str(v))] for v in values.cat.categories] + [-1], dtype=np.int8)
+    codes = mapped[values.cat.codes.to_numpy()]
+    return pd.Series(pd.Categorical.from_codes(codes, categories=categories), index=values.index)
 
 
 def matches(values: pd.Series, pattern: re.Pattern) -> np.ndarray:

@@ -36,24 +36,22 @@ def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     return steps.sort_values("ts_us", kind="stable").drop_duplicates("step").reset_index(drop=True)
 
 
-def drop_last_step(events: pd.DataFrame, include_last_step: bool) -> pd.DataFrame:
-    """HTA's default analysis window: host events before the last profiler step starts and
-    the device events they launched. With `include_last_step`, host events up to the end
-    of the last step. Traces with fewer than two steps are kept whole, as in HTA, and so are
-    traces whose steps all start at once (dropping the last would leave no window at all)."""
-    cutoff = host_cutoff_us(events, include_last_step)
-    if cutoff is None:
-        return events
+def window_rows(events: pd.DataFrame, cutoff_us: int) -> np.ndarray:
+    """HTA's default analysis window, as a mask of `events`: host events starting before `cutoff_us`
+    (host_cutoff_us) and the device events they launched."""
     host = ~events["is_device"].to_numpy()
-    kept_host = host & (events["ts_us"].to_numpy() < cutoff)
+    kept_host = host & (events["ts_us"].to_numpy() < cutoff_us)
     correlation = events["correlation"].to_numpy()
     launched = np.isin(correlation, correlation[kept_host & (correlation >= 0)])
-    kept_device = ~host & (correlation >= 0) & launched
-    return events[kept_host | kept_device].reset_index(drop=True)
+    return kept_host | (~host & (correlation >= 0) & launched)
 
 
 def host_cutoff_us(events: pd.DataFrame, include_last_step: bool) -> int | None:
-    """Host events (and memory events) starting before this time are in the analysis window; None: all are."""
+    """Host events (and memory events) starting before this time are in the analysis window; None: all are.
+
+    The window ends where the last profiler step starts, or with `include_last_step` where it ends.
+    Traces with fewer than two steps are kept whole, as in HTA, and so are traces whose steps all
+    start at once (dropping the last would leave no window at all)."""
     steps = profiler_steps(events)
     if steps["ts_us"].nunique() < 2:
         return None
@@ -61,16 +59,24 @@ def host_cutoff_us(events: pd.DataFrame, include_last_step: bool) -> int | None:
 
 
 def windowed(trace: Trace, include_last_step: bool) -> Trace:
+    """Each rank's analysis window. The trace's frames are emptied column by column on the way, so
+    that a window and its whole rank are never both in memory: pass a trace nothing else uses."""
     ranks = {rank: _windowed_rank(rank_trace, include_last_step) for rank, rank_trace in trace.ranks.items()}
     return replace(trace, ranks=ranks)
 
 
 def _windowed_rank(rank_trace: RankTrace, include_last_step: bool) -> RankTrace:
     cutoff = host_cutoff_us(rank_trace.events, include_last_step)
+    if cutoff is None:
+        return rank_trace
     memory = rank_trace.memory
-    if cutoff is not None and len(memory):
-        memory = memory[memory["ts_us"].to_numpy() < cutoff].reset_index(drop=True)
-    return replace(rank_trace, events=drop_last_step(rank_trace.events, include_last_step), memory=memory)
+    return replace(rank_trace, events=_taken_apart(rank_trace.events, window_rows(rank_trace.events, cutoff)),
+                   memory=memory[memory["ts_us"].to_numpy() < cutoff].reset_index(drop=True))
+
+
+def _taken_apart(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """frame[rows], built while `frame` gives up its columns one by one."""
+    return pd.DataFrame({name: frame.pop(name).array[rows] for name in list(frame.columns)}, copy=False)
 
 
 def step_windows(rank_trace: RankTrace) -> pd.DataFrame:

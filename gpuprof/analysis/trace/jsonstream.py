@@ -42,33 +42,39 @@ class _Blocks:
         self.inflate = zlib.decompressobj(wbits=31) if gzipped else None
         self.eof = False
 
-    def read(self, size: int) -> bytes:
+    def read_into(self, buffer: bytearray, size: int) -> None:
+        """Append up to `size` bytes to `buffer` (fewer only at the end of the file), a piece at a time:
+        the block is never held twice."""
+        length = len(buffer)
         try:
-            data = self.stream.read(size) if self.inflate is None else self._inflate(size)
+            for piece in self._pieces(size) if self.inflate is None else self._inflated(size):
+                buffer += piece
         except zlib.error as error:
             raise TraceFormatError(f"{self.file}: truncated or corrupt gzip file ({error})") from None
         except OSError as error:
             raise TraceFormatError(f"{self.file}: cannot read ({error.strerror or error})") from None
-        self.eof = len(data) < size
-        return data
+        self.eof = len(buffer) - length < size
 
-    def _inflate(self, size: int) -> bytes:
-        parts, length = [], 0
-        while length < size:
+    def _pieces(self, size: int):
+        while size > 0 and (piece := self.stream.read(min(size, self.RAW_BYTES))):
+            size -= len(piece)
+            yield piece
+
+    def _inflated(self, size: int):
+        while size > 0:
             if self.inflate.eof:  # a gzip file may hold several members back to back
                 rest = self.inflate.unused_data
                 self.inflate = zlib.decompressobj(wbits=31)
                 raw = rest or self.stream.read(self.RAW_BYTES)
                 if not raw:
-                    break
+                    return
             else:
                 raw = self.inflate.unconsumed_tail or self.stream.read(self.RAW_BYTES)
                 if not raw:
                     raise zlib.error("the file ends inside compressed data")
-            part = self.inflate.decompress(raw, size - length)
-            parts.append(part)
-            length += len(part)
-        return b"".join(parts)
+            piece = self.inflate.decompress(raw, size)
+            size -= len(piece)
+            yield piece
 
 
 def open_blocks(file: Path) -> _Blocks:
@@ -98,7 +104,8 @@ def decode_trace(file: Path, event_type, document_type, on_events: Callable[[lis
 
 def _decode(blocks: _Blocks, events_decoder, document_type, on_events):
     file = blocks.file
-    head = blocks.read(WHOLE_DOCUMENT_BYTES)
+    head = bytearray()
+    blocks.read_into(head, WHOLE_DOCUMENT_BYTES)
     start = _next_token(head)
     first = head[start:start + 1]
     if blocks.eof and first in (b"[", b"{"):  # small enough to decode at once, which is fastest
@@ -111,7 +118,7 @@ def _decode(blocks: _Blocks, events_decoder, document_type, on_events):
     elif first == b"{":
         match = _ARRAY_START_RE.search(head)
         while match is None and not blocks.eof:
-            head += blocks.read(BLOCK_BYTES)
+            blocks.read_into(head, BLOCK_BYTES)
             match = _ARRAY_START_RE.search(head)
         if match is None:
             return _whole_document(file, head, document_type, events_decoder)
@@ -121,19 +128,18 @@ def _decode(blocks: _Blocks, events_decoder, document_type, on_events):
     return _stream(blocks, head, position, prefix, events_decoder, document_type, on_events)
 
 
-def _stream(blocks: _Blocks, head: bytes, position: int, prefix, events_decoder, document_type, on_events):
-    """Decode events from head[position:] on, one block at a time, reading more as needed.
+def _stream(blocks: _Blocks, buffer: bytearray, position: int, prefix, events_decoder, document_type, on_events):
+    """Decode events from buffer[position:] on, one block at a time, reading more as needed.
 
     The buffer is a bytearray so each chunk is decoded in place: the byte before its
     first event becomes "[" and the comma after its last one "]" (restored after)."""
-    buffer = bytearray(head)
     offset = 0
     block = BLOCK_BYTES
     while True:
         if len(buffer) - position < block and not blocks.eof:
             del buffer[: position - 1]  # keep one byte before the next event, for the "["
             position = 1
-            buffer += blocks.read(block - (len(buffer) - position))
+            blocks.read_into(buffer, block - (len(buffer) - position))
         if blocks.eof and len(buffer) - position < block:
             break
         cut = _cut(blocks.file, buffer, position, position + block, events_decoder, offset)

@@ -187,12 +187,13 @@ class _Columns:
     STRINGS = (*EVENT_STRINGS, "input_dims", "stack")
     INTEGERS = ("stream", "device", "correlation", "external_id")
     FLOATS = ("blocks_per_sm", "occupancy_pct")
+    DTYPES = {**dict.fromkeys(STRINGS, np.int32), **dict.fromkeys(INTEGERS, np.int64),
+              **dict.fromkeys(FLOATS, np.float32), "start_abs": np.float64, "end_abs": np.float64}
 
     def __init__(self, file: Path):
         self.file = file
         self.codes = {key: {None: -1} for key in self.STRINGS}
-        self.parts: dict[str, list[np.ndarray]] = {
-            key: [] for key in (*self.STRINGS, *self.INTEGERS, *self.FLOATS, "start_abs", "end_abs")}
+        self.parts = {key: _GrowingArray(dtype) for key, dtype in self.DTYPES.items()}
         self.count = 0
         self.start_min = np.inf
         self.memory = _MemoryColumns(self.codes)
@@ -230,11 +231,27 @@ class _Columns:
 
     def finish(self) -> tuple[dict, dict]:
         """The complete events' columns, and the memory events' (empty without any)."""
-        # Concatenate and release one column at a time, so peak memory holds one extra column.
-        columns = {key: np.concatenate(self.parts.pop(key)) for key in list(self.parts)}
+        columns = {key: part.array() for key, part in self.parts.items()}
         for key in self.STRINGS:
             columns[key] = _categorical(columns[key], self.codes[key])
         return columns, self.memory.finish(lambda codes, key: _categorical(codes, self.codes[key]))
+
+
+class _GrowingArray:
+    """A column grown block by block in one buffer, which reallocation grows in place: arrays of each
+    block concatenated at the end would leave their freed memory fragmented on the heap, where it
+    still counts in the process's peak memory."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.buffer = bytearray()
+
+    def append(self, values: np.ndarray) -> None:
+        self.buffer += np.ascontiguousarray(values, dtype=self.dtype).data
+
+    def array(self) -> np.ndarray:
+        """The values so far, sharing the buffer (which can grow no more)."""
+        return np.frombuffer(self.buffer, dtype=self.dtype)
 
 
 class _MemoryColumns:
@@ -245,7 +262,8 @@ class _MemoryColumns:
 
     def __init__(self, codes: dict):
         self.codes = codes  # the complete events' code tables of pid and tid
-        self.parts: dict[str, list[np.ndarray]] = {key: [] for key in ("ts_abs", *self.THREAD, *MEMORY_FIGURES)}
+        self.parts = {"ts_abs": _GrowingArray(np.float64), **{key: _GrowingArray(np.int32) for key in self.THREAD},
+                      **{key: _GrowingArray(np.float64) for key in MEMORY_FIGURES}}
         self.device_parts: list[list[str]] = []
 
     def add(self, events: list[_Event]) -> None:
@@ -264,7 +282,7 @@ class _MemoryColumns:
         """`categorical(codes, key)`: pid and tid as the complete events' columns have them."""
         if not self.device_parts:
             return {}
-        columns = {key: np.concatenate(parts) for key, parts in self.parts.items()}
+        columns = {key: part.array() for key, part in self.parts.items()}
         for key in self.THREAD:
             columns[key] = categorical(columns[key], key)
         columns["device"] = pd.Categorical([name for part in self.device_parts for name in part])
