@@ -50,7 +50,6 @@ from gpuprof.run.writer import RunWriter
 
 logger = logging.getLogger("gpuprof")
 
-KNOWN_PHASES = ("data", "forward", "backward", "optimizer", "eval")
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its event
 SIGTERM_WRITE_S = 5.0  # what a rank stopped by SIGTERM spends writing where it was
 
@@ -508,7 +507,7 @@ def _timing(clock, start, end, explicit: PhaseTimes, automatic: PhaseTimes | Non
         step_time_s = clock.elapsed_s(start, end)
         totals = {**(automatic.totals_s() if automatic is not None else {}), **explicit.totals_s()}
         columns = {"step_time_s": step_time_s}
-        for name in KNOWN_PHASES:
+        for name in schema.TIMED_PHASES:
             columns[f"{name}_time_s"] = totals.get(name)
         for name, seconds in totals.items():
             columns.setdefault(f"{name}_time_s", seconds)

@@ -42,10 +42,10 @@ def print_notes(report) -> None:
 
 
 def summary_lines(summary) -> list[str]:
-    from gpuprof.analysis.run.summary import PHASES  # lazily: the CLI parser imports this module
+    from gpuprof.run.schema import SPLIT_PHASES  # lazily: the CLI parser imports this module
 
     health = summary.health
-    phases = "  ".join(f"{phase} {figure(summary.phase_split_pct.get(phase), '%')}" for phase in PHASES)
+    phases = "  ".join(f"{phase} {figure(summary.phase_split_pct.get(phase), '%')}" for phase in SPLIT_PHASES)
     gpu_note = "" if summary.device_kind == "cuda" else " (CPU run)"
     return [
         f"Run {summary.name}  ({summary.status}, {summary.world_size} rank(s), {summary.device_name or summary.device_kind})",

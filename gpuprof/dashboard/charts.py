@@ -14,9 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gpuprof.analysis.run.summary import EVAL_PHASE, PHASES
 from gpuprof.dashboard.downsample import MAX_POINTS, bucket_mean, lttb
 from gpuprof.report.format import GIB
+from gpuprof.run.schema import EVAL_PHASE, SPLIT_PHASES, STEP_PHASES
 
 HEATMAP_MAX_STEPS = 400
 # Rows of a rank x step heatmap: past this many ranks, neighbouring ranks share a row.
@@ -75,7 +75,7 @@ def throughput_panel(steps: pd.DataFrame) -> Panel:
 
 
 def phases_panel(steps: pd.DataFrame) -> Panel:
-    columns = [f"{phase}_time_s" for phase in (*PHASES, EVAL_PHASE) if _has(steps, f"{phase}_time_s")]
+    columns = [f"{phase}_time_s" for phase in STEP_PHASES if _has(steps, f"{phase}_time_s")]
     if not columns:
         return Panel("Step time by phase", None, "No step times recorded.")
     evaluation = f"{EVAL_PHASE}_time_s"
@@ -84,9 +84,10 @@ def phases_panel(steps: pd.DataFrame) -> Panel:
     averaged = bucket_mean(steps, "step", columns)
     figure = go.Figure()
     for column in columns:
+        phase = column.removesuffix("_time_s")
         figure.add_trace(go.Scatter(
-            x=averaged["step"], y=averaged[column] * 1e3, name=column.removesuffix("_time_s"),
-            mode="lines", stackgroup="phases", line=dict(width=0.5),
+            x=averaged["step"], y=averaged[column] * 1e3, name=phase, mode="lines", stackgroup="phases",
+            line=dict(width=0.5), hovertemplate=f"{phase} (%{{y:.1f}} ms): {STEP_PHASES[phase]}<extra></extra>",
         ))
     note = "" if len(averaged) == len(steps) else f"Averaged over buckets of ~{len(steps) // len(averaged)} steps."
     return Panel("Step time by phase", _layout(figure, x_title="step", y_title="ms"), note)
@@ -273,7 +274,7 @@ def run_panels(run, rank: int) -> list[Panel]:
 # Why the step-time grid of a data-parallel run is one colour down each column: not a defect.
 STEP_TIME_ACROSS_RANKS = ("Ranks wait for each other at every collective, so a step takes about as long on every "
                           "rank: a straggler shows in the phase shares (pick one above) and in own work per step.")
-RANK_HEATMAPS = {"step time": ("step_time_s", None), **{f"{p} share": (f"{p}_time_s", "step_time_s") for p in PHASES}}
+RANK_HEATMAPS = {"step time": ("step_time_s", None), **{f"{p} share": (f"{p}_time_s", "step_time_s") for p in SPLIT_PHASES}}
 
 
 def rank_heatmap_panels(query) -> dict[str, Panel]:
@@ -368,7 +369,7 @@ def _thin(frame: pd.DataFrame, most: int) -> pd.DataFrame:
 
 def rank_phase_panel(per_rank: pd.DataFrame) -> Panel:
     """Median time of each phase per rank, stacked (from the run summary's per-rank table)."""
-    columns = [f"{phase}_time_p50_s" for phase in PHASES if _has(per_rank, f"{phase}_time_p50_s")]
+    columns = [f"{phase}_time_p50_s" for phase in SPLIT_PHASES if _has(per_rank, f"{phase}_time_p50_s")]
     if per_rank.empty or not columns:
         return Panel("Phases per rank (median)", None, "No phase times recorded.")
     labels = [f"rank {int(rank)}" for rank in per_rank["rank"]]

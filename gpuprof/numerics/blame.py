@@ -10,15 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("forward", "backward", "loss", "optimizer", "state")
-# What each phase of a blame says about where the value went non-finite, for people.
-PHASE_MEANINGS = {
-    "forward": "the model's forward pass made it",
-    "backward": "the backward pass made it, in a gradient",
-    "loss": "the loop's loss computation, after the model's outputs, made it",
-    "optimizer": "the optimizer's update made it, in the weights or the optimizer's state",
-    "state": "it was already in the weights or the optimizer's state when the step began",
-}
 NOT_REPRODUCED = "not reproduced: "  # how a note giving the reason for no blame starts
 
 
@@ -26,7 +17,7 @@ NOT_REPRODUCED = "not reproduced: "  # how a note giving the reason for no blame
 class Blame:
     step: int
     rank: int
-    phase: str | None = None  # one of PHASES; None when the re-run stayed finite
+    phase: str | None = None  # one of run.schema.BLAME_PHASES; None when the re-run stayed finite
     module: str | None = None  # fully qualified module name; None outside any module
     op: str | None = None  # aten op, e.g. "aten::bmm"
     first: str | None = None  # "inf" or "nan"

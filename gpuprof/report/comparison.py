@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analysis.run import stats
-from gpuprof.analysis.run.summary import PHASES, measured_step_table
+from gpuprof.analysis.run.summary import measured_step_table
 from gpuprof.errors import GpuprofError
 from gpuprof.report import gate
 from gpuprof.report.build import Report
@@ -19,9 +19,10 @@ from gpuprof.report.contract import TERMS, Difference, differences
 from gpuprof.report.format import MISSING, ci_text, figure_text, fmt_interval, fmt_ratio_interval
 from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate
 from gpuprof.run.jsonable import json_safe
+from gpuprof.run.schema import SPLIT_PHASES
 
 # The columns of a step table that are resampled (each only where every measured step has it).
-RESAMPLED = ("step_time_s", "rank_time_s", "tokens", "mfu_time_s", *(f"{phase}_time_s" for phase in PHASES))
+RESAMPLED = ("step_time_s", "rank_time_s", "tokens", "mfu_time_s", *(f"{phase}_time_s" for phase in SPLIT_PHASES))
 
 
 @dataclass
@@ -185,7 +186,7 @@ def figures(a: Side, b: Side, confidence: float) -> list[Figure]:
                     _over(b.mean("tokens"), b.mean("step_time_s")), "higher", confidence),
         mfu_figure(a, b, confidence),
     ]
-    for phase in PHASES:
+    for phase in SPLIT_PHASES:
         rows.append(mean_figure(f"{phase.capitalize()} share of step time", "%",
                                 _over(a.mean(f"{phase}_time_s"), a.mean("rank_time_s"), 100.0),
                                 _over(b.mean(f"{phase}_time_s"), b.mean("rank_time_s"), 100.0),

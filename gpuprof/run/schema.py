@@ -24,10 +24,35 @@ SNAPSHOTS_DIR = "snapshots"
 WORKLOAD_COMMAND = "gpuprof train"
 NUMERICS_DIR = "numerics"
 
+# The phases a step is split into, each timed in the steps stream as `{phase}_time_s`, with what
+# each times (docs/capture.md). Capture times all but "other", the step time no phase covers;
+# evaluation inside the loop is no part of the training step, so its split leaves "eval" out.
+STEP_PHASES = {
+    "data": "waiting for and preparing the next batch",
+    "forward": "the model's forward pass",
+    "backward": "the backward pass",
+    "optimizer": "the optimizer's update",
+    "eval": "evaluation inside the loop",
+    "other": "step time no phase covers",
+}
+EVAL_PHASE = "eval"
+OTHER_PHASE = "other"
+TIMED_PHASES = tuple(phase for phase in STEP_PHASES if phase != OTHER_PHASE)
+SPLIT_PHASES = tuple(phase for phase in STEP_PHASES if phase != EVAL_PHASE)
+# Where NaN forensics' re-run found the first non-finite value made (a `nonfinite` event's
+# details["phase"]), and what each says about it, for people.
+BLAME_PHASES = {
+    "forward": "the model's forward pass made it",
+    "backward": "the backward pass made it, in a gradient",
+    "loss": "the loop's loss computation, after the model's outputs, made it",
+    "optimizer": "the optimizer's update made it, in the weights or the optimizer's state",
+    "state": "it was already in the weights or the optimizer's state when the step began",
+}
+
 STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": (
-        "step", "rank", "time_unix_s", "step_time_s", "data_time_s", "forward_time_s",
-        "backward_time_s", "optimizer_time_s", "eval_time_s", "other_time_s", "capture_time_s", "micro_batches", "loss", "tokens",
+        "step", "rank", "time_unix_s", "step_time_s", *(f"{phase}_time_s" for phase in STEP_PHASES),
+        "capture_time_s", "micro_batches", "loss", "tokens",
         "tokens_per_s", "flops_per_s", "mfu", "grad_norm", "grad_norm_finite", "loss_finite",
         "scaler_scale", "scaler_growth_tracker", "step_skipped", "lr", "mem_allocated_bytes",
         "mem_reserved_bytes", "mem_peak_allocated_bytes", "mem_alloc_retries", "mem_ooms",

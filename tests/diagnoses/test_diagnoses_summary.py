@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from gpuprof.analysis.run import summarize
-from gpuprof.analysis.run.summary import PHASES, WARMUP_MAX_FRACTION, WARMUP_MIN_RUN_STEPS, detect_warmup, step_times
+from gpuprof.analysis.run.summary import WARMUP_MAX_FRACTION, WARMUP_MIN_RUN_STEPS, detect_warmup, step_times
 from gpuprof.report import build_report, compare
+from gpuprof.run.schema import SPLIT_PHASES
 
 
 def test_summary_excludes_warmup_and_says_why(recorded_runs):
@@ -30,7 +31,7 @@ def test_summary_figures_of_a_cpu_run(recorded_runs):
     config = run.meta["config"]
     tokens_per_step = config["batch_size"] * config["seq_len"]
     assert summary.tokens_per_s == pytest.approx(tokens_per_step / summary.step_time_mean_s, rel=1e-6)
-    assert sum(summary.phase_split_pct[phase] for phase in PHASES) == pytest.approx(100, abs=1)
+    assert sum(summary.phase_split_pct[phase] for phase in SPLIT_PHASES) == pytest.approx(100, abs=1)
     assert summary.mfu is None and summary.gpu_util_mean_pct is None, "CPU: no peak FLOP/s, no NVML"
     assert summary.health["nonfinite_loss_steps"] == 0
     # A freshly initialised LM predicts uniformly: loss about ln(vocabulary size).

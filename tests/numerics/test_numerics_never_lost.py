@@ -17,9 +17,9 @@ from numerics_helpers import events
 from transformers.modeling_outputs import CausalLMOutput
 
 import gpuprof
-from gpuprof.numerics.blame import NOT_REPRODUCED, PHASES
+from gpuprof.numerics.blame import NOT_REPRODUCED
 from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS
-from gpuprof.run.schema import EventKind
+from gpuprof.run.schema import BLAME_PHASES, EventKind
 
 VOCAB, WIDTH, SEQ, BATCH = 32, 16, 8, 2
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -178,7 +178,7 @@ def test_every_loop_reports_its_first_bad_step(loop):
         first = min(nonfinite, key=lambda event: event["step"])
         assert first["step"] == loop.first_bad_step, (loop, first["message"])
         reasons = [note for note in first["notes"] if note.startswith(NOT_REPRODUCED)]
-        assert first["phase"] in PHASES or reasons, (loop, first["message"])
+        assert first["phase"] in BLAME_PHASES or reasons, (loop, first["message"])
         steps = gpuprof.load_run(run_dir).steps
         before = steps[steps["step"] < loop.fault_step]
         assert before["loss"].map(float).notna().all() and before["loss_finite"].all(), loop

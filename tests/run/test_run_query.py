@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuprof.analysis.run.summary import OWN_WORK_PHASES, PHASES, detect_warmup, slowest_ranks, step_times, summarize
+from gpuprof.analysis.run.summary import OWN_WORK_PHASES, detect_warmup, slowest_ranks, step_times, summarize
 from gpuprof.diagnoses import diagnose
 from gpuprof.diagnoses.context import DEVICE_FIGURES, THERMAL_OR_POWER
 from gpuprof.run import query as q
@@ -29,7 +29,7 @@ def test_summary_from_the_engine_equals_pandas_over_every_row(many_ranks):
     measured = steps[steps["step"] >= warmup.first_measured_step]
     assert summary.tokens_per_s == pytest.approx(measured["tokens"].sum() / times[times.index >= warmup.first_measured_step].sum())
     total_s = measured["step_time_s"].sum()
-    for phase in PHASES:
+    for phase in schema.SPLIT_PHASES:
         assert summary.phase_split_pct[phase] == pytest.approx(100 * measured[f"{phase}_time_s"].sum() / total_s)
     grouped = measured.groupby("rank")
     per_rank = summary.per_rank.set_index("rank")

@@ -14,12 +14,10 @@ import pandas as pd
 
 from gpuprof.run import query as q
 from gpuprof.run.jsonable import json_safe
+from gpuprof.run.schema import EVAL_PHASE, SPLIT_PHASES, STEP_PHASES
 
-PHASES = ("data", "forward", "backward", "optimizer", "other")
-# Evaluation inside the loop: reported apart, and left out of the training step's phase split.
-EVAL_PHASE = "eval"
 # Phases outside the one that holds DDP's gradient all-reduce (backward): a rank's own work.
-OWN_WORK_PHASES = ("data", "forward", "optimizer", "other")
+OWN_WORK_PHASES = tuple(phase for phase in SPLIT_PHASES if phase != "backward")
 
 # Step 0 always pays for lazy init and allocator growth; later leading steps count as
 # warm-up while they are this much slower than the median of the steps after them.
@@ -196,7 +194,7 @@ MEASURED_FIGURES = {
     "mfu": q.weighted_mean("mfu", "step_time_s"),
     "flops_per_s": q.weighted_mean("flops_per_s", "step_time_s"),
     "step_time_total_s": q.total("step_time_s"),
-    **{f"{phase}_total_s": q.total(f"{phase}_time_s") for phase in (*PHASES, EVAL_PHASE)},
+    **{f"{phase}_total_s": q.total(f"{phase}_time_s") for phase in STEP_PHASES},
     "eval_rows": q.count(f"{EVAL_PHASE}_time_s"),
     "rows": q.count(),
 }
@@ -235,7 +233,7 @@ def phase_split_pct(figures: dict) -> dict:
     return {
         phase: 100 * figures[f"{phase}_total_s"] / total_s
         if total_s and figures[f"{phase}_total_s"] is not None else None
-        for phase in PHASES
+        for phase in SPLIT_PHASES
     }
 
 
@@ -261,7 +259,7 @@ PER_RANK_FIGURES = {
     "steps": q.count(),
     "step_time_p50_s": q.quantile("step_time_s", 0.5),
     "step_time_p90_s": q.quantile("step_time_s", 0.9),
-    **{f"{phase}_time_p50_s": q.quantile(f"{phase}_time_s", 0.5) for phase in PHASES},
+    **{f"{phase}_time_p50_s": q.quantile(f"{phase}_time_s", 0.5) for phase in SPLIT_PHASES},
     # Under DDP the gradient all-reduce runs inside backward, so every other phase is a rank's
     # own work: the rank that is slow there makes all the others wait (the straggler).
     "own_work_p50_s": q.quantile(q.row_total(*(f"{phase}_time_s" for phase in OWN_WORK_PHASES)), 0.5),
@@ -280,7 +278,7 @@ def per_rank(query, warmup: Warmup) -> pd.DataFrame:
     known = table["tokens"].notna() & (table["step_time_total_s"] > 0)
     table["tokens_per_s"] = (table["tokens"] / table["step_time_total_s"]).where(known)
     table = table.astype({"rank": int, "steps": int})
-    columns = ["rank", "steps", "step_time_p50_s", "step_time_p90_s", *(f"{p}_time_p50_s" for p in PHASES),
+    columns = ["rank", "steps", "step_time_p50_s", "step_time_p90_s", *(f"{p}_time_p50_s" for p in SPLIT_PHASES),
                "own_work_p50_s", "tokens_per_s", "mfu", "peak_mem_allocated_bytes"]
     return table[columns]
 
@@ -345,7 +343,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         peak_rss_bytes=whole["peak_rss_bytes"],
         device_mem_total_bytes=device.get("total_memory_bytes") if device.get("kind") == "cuda" else None,
         gpu_util_mean_pct=_known(samples["gpu_util_mean_pct"]),
-        phase_split_pct=phase_split_pct(measured) if len(times) else dict.fromkeys(PHASES),
+        phase_split_pct=phase_split_pct(measured) if len(times) else dict.fromkeys(SPLIT_PHASES),
         evaluation=evaluation_figures(measured) if len(times) else {},
         health=health(whole),
         per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
@@ -376,7 +374,7 @@ def trace_summary(name: str, path: str, step_breakdown: pd.DataFrame, meta: dict
         tokens_per_s=None, mfu=None, flops_per_s=None,
         peak_mem_allocated_bytes=None, peak_mem_reserved_bytes=None, peak_rss_bytes=None,
         device_mem_total_bytes=device.get("total_memory_bytes"), gpu_util_mean_pct=None,
-        phase_split_pct=dict.fromkeys(PHASES), health=health(unknown), per_rank=pd.DataFrame(),
+        phase_split_pct=dict.fromkeys(SPLIT_PHASES), health=health(unknown), per_rank=pd.DataFrame(),
         step_times=times, device_figures=dict.fromkeys(device_figures),
     )
 
@@ -386,7 +384,7 @@ STEP_TABLE_FIGURES = {
     "step_time_s": q.maximum("step_time_s"),  # the run's step: the slowest rank sets its pace
     "rank_time_s": q.total("step_time_s"),  # what phase shares divide, as `phase_split_pct` does
     "tokens": q.total("tokens"),
-    **{f"{phase}_time_s": q.total(f"{phase}_time_s") for phase in PHASES},
+    **{f"{phase}_time_s": q.total(f"{phase}_time_s") for phase in SPLIT_PHASES},
     "mfu": q.weighted_mean("mfu", "step_time_s"),
     "loss": q.mean(q.finite_only("loss")),
 }

@@ -13,9 +13,8 @@ from gpuprof.dashboard.charts import loss_panel, scaler_panel
 from gpuprof.dashboard.views.common import (
     escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel,
 )
-from gpuprof.numerics.blame import PHASE_MEANINGS
 from gpuprof.report.format import figure, value_text
-from gpuprof.run.schema import bundle_in_run
+from gpuprof.run.schema import BLAME_PHASES, bundle_in_run
 
 EVENT_COLUMNS = {
     "time": st.column_config.DatetimeColumn("time (UTC)", format="HH:mm:ss.SSS"),
@@ -57,8 +56,8 @@ def show_blame(entry, event: pd.Series) -> None:
     st.markdown(f":red[**{escape_markdown(event['message'])}**]")
     st.table(blame_fields(event).set_index("field"))
     phase = (event["details"] if isinstance(event["details"], dict) else {}).get("phase")
-    if phase in PHASE_MEANINGS:
-        st.caption(f"Phase {phase}: {PHASE_MEANINGS[phase]}.")
+    if phase in BLAME_PHASES:
+        st.caption(f"Phase {phase}: {BLAME_PHASES[phase]}.")
     bundle = replay_bundle(entry.path, event)
     if bundle is not None:
         st.caption("Replay the step on this machine and print the same blame:")

@@ -12,10 +12,10 @@ import pandas as pd
 from gpuprof.analysis.run.summary import column, flag
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
-from gpuprof.numerics.blame import PHASE_MEANINGS, Blame
+from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.timeline import ScalerTimeline
 from gpuprof.run import query as q
-from gpuprof.run.schema import EventKind, bundle_in_run
+from gpuprof.run.schema import BLAME_PHASES, EventKind, bundle_in_run
 
 NUMERICS_COLLECTOR = "numerics"
 SCALER_TROUBLE_KINDS = (EventKind.SCALER_PERSISTENT_OVERFLOW, EventKind.SCALER_SCALE_BELOW_ONE)
@@ -92,7 +92,7 @@ def _start_text(blame: dict | None) -> str:
     """Where to start looking: the blamed tensor, module, op and source line that were found."""
     details = blame["details"] if blame else {}
     if details.get("phase") == "state":
-        return f"Start at `{details.get('tensor')}`: {PHASE_MEANINGS['state']}, so look at the update before it."
+        return f"Start at `{details.get('tensor')}`: {BLAME_PHASES['state']}, so look at the update before it."
     where = [f"`{details[key]}`" for key in ("module", "op") if details.get(key)]
     if details.get("source"):
         where.append(f"the line `{details['source']}`")
