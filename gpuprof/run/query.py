@@ -26,12 +26,13 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from gpuprof.errors import DamagedFileError
 from gpuprof.run import schema
-from gpuprof.run.streams import arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame
+from gpuprof.run.streams import (
+    arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame, storable, with_lists,
+)
 
 # DuckDB's own budget; the process adds Python, pandas and the answers on top.
 MEMORY_LIMIT = os.environ.get("GPUPROF_QUERY_MEMORY", "512MB")
@@ -44,6 +45,8 @@ ESTIMATE_SAMPLE_ROWS = 100_000
 # Holistic per-rank aggregates (quantiles) hold every value of their column: they are computed over
 # batches of ranks holding about this many values in all (rows x quantiles asked).
 RANK_BATCH_VALUES = 12_000_000
+# The SQL type of a documented column nobody wrote, by what it holds (gpuprof.run.schema.column_kind).
+SQL_TYPES = {"number": "DOUBLE", "flag": "BOOLEAN", "text": "VARCHAR", "list": "VARCHAR[]", "details": "VARCHAR"}
 
 
 def _ident(name: str) -> str:
@@ -288,7 +291,7 @@ class RunQuery:
             if parts:
                 frame = pd.concat(parts, ignore_index=True)
                 self._rows[stream].update(frame.groupby("rank").size().astype(int).to_dict())
-                frames[stream] = _arrow_ready(frame, stream)
+                frames[stream] = storable(frame)
         return frames
 
     @property
@@ -469,9 +472,7 @@ def _approx(aggregate: Agg) -> str:
 
 
 def _empty_type(stream: str, column: str) -> str:
-    if column in schema.LIST_COLUMNS.get(stream, ()):
-        return "VARCHAR[]"
-    return "BOOLEAN" if column in schema.FLAG_COLUMNS.get(stream, ()) else "DOUBLE"
+    return SQL_TYPES[schema.column_kind(stream, column)]
 
 
 def _projection(stream: str, types: dict[str, str]) -> list[str]:
@@ -494,23 +495,8 @@ def _projection(stream: str, types: dict[str, str]) -> list[str]:
     return selected
 
 
-def _arrow_ready(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
-    """A reader frame DuckDB can scan: object columns of only nulls become float (as compaction does)."""
-    for column in frame.columns:
-        if frame[column].dtype == object and frame[column].isna().all():
-            frame[column] = frame[column].astype("float64")
-    if "details" in frame:
-        import json
-
-        frame["details"] = [json.dumps(d) if d is not None and not isinstance(d, str) else d for d in frame["details"]]
-    return frame
-
-
 def _as_reader_frame(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
     """The rows as the reader gives them: `details` parsed, list columns as lists."""
     if "details" in frame:
         frame["details"] = [parse_details(d) for d in frame["details"]]
-    for column in schema.LIST_COLUMNS.get(stream, ()):
-        if column in frame:
-            frame[column] = [list(v) if isinstance(v, (list, np.ndarray)) else None for v in frame[column]]
-    return frame
+    return with_lists(frame, stream)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from gpuprof.errors import DamagedFileError, RunFormatError
 from gpuprof.run import schema
+from gpuprof.run.jsonable import encodable
 
 
 def read_stream(rank_dir: Path, stream: str) -> pd.DataFrame:
@@ -25,10 +26,7 @@ def read_stream(rank_dir: Path, stream: str) -> pd.DataFrame:
             frame = pd.read_parquet(parquet)
         except Exception as error:  # noqa: BLE001 - any damage means the same: this file cannot be read
             raise DamagedFileError(f"{parquet}: unreadable ({error})") from None
-        for column in schema.LIST_COLUMNS.get(stream, ()):
-            if column in frame:  # Parquet gives numpy arrays; JSON lines give lists
-                frame[column] = [list(v) if isinstance(v, (np.ndarray, list)) else None for v in frame[column]]
-        return checked(frame, stream, parquet)
+        return checked(with_lists(frame, stream), stream, parquet)
     return read_jsonl_frame(rank_dir / f"{stream}.jsonl", stream)
 
 
@@ -46,6 +44,26 @@ def checked(frame: pd.DataFrame, stream: str, path: Path) -> pd.DataFrame:
     if "details" in frame:
         frame["details"] = [parse_details(d) for d in frame["details"]]
     return with_columns(frame, stream)
+
+
+def with_lists(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
+    """The stream's list columns as lists (Parquet and DuckDB give numpy arrays; JSON lines give lists)."""
+    for column in schema.LIST_COLUMNS.get(stream, ()):
+        if column in frame:
+            frame[column] = [list(v) if isinstance(v, (np.ndarray, list)) else None for v in frame[column]]
+    return frame
+
+
+def storable(frame: pd.DataFrame) -> pd.DataFrame:
+    """A reader frame as Parquet and DuckDB take it: `details` as JSON text, a column of only nulls as float
+    (not arrow's null type; the readers take it for null of any kind)."""
+    if schema.DETAILS_COLUMN in frame:
+        frame[schema.DETAILS_COLUMN] = [d if d is None or isinstance(d, str) else json.dumps(d, default=encodable)
+                                        for d in frame[schema.DETAILS_COLUMN]]
+    for column in frame.columns:
+        if frame[column].isna().all():
+            frame[column] = frame[column].astype("float64")
+    return frame
 
 
 def left_out(error: RunFormatError, rank: int, what: str = "") -> None:

@@ -185,14 +185,9 @@ class RunWriter:
 
 def compact(jsonl: Path, stream: str) -> None:
     """JSON lines -> Parquet beside it (atomically), then removes the JSON lines."""
-    from gpuprof.run.streams import read_jsonl_frame
+    from gpuprof.run.streams import read_jsonl_frame, storable
 
-    frame = read_jsonl_frame(jsonl, stream)
-    if "details" in frame:
-        frame["details"] = [json.dumps(d, default=encodable) if d is not None else None for d in frame["details"]]
-    for column in frame.columns:  # a column of only nulls is stored as float, not pyarrow's null type
-        if frame[column].isna().all():
-            frame[column] = frame[column].astype("float64")
+    frame = storable(read_jsonl_frame(jsonl, stream))
     target = jsonl.with_suffix(".parquet")
     tmp = target.with_name(f".{target.name}.tmp")
     frame.to_parquet(tmp, index=False)
