@@ -46,6 +46,12 @@ class MemorySnapshot:
     def has_history(self) -> bool:
         return not self.timeline.empty
 
+    @property
+    def failed_request_bytes(self) -> int | None:
+        """What the last request the allocator could not meet asked for; None when none failed."""
+        failed = self.timeline.loc[self.timeline["action"] == "oom", "size_bytes"]
+        return int(failed.iloc[-1]) if len(failed) else None
+
 
 class _DataOnly(pickle.Unpickler):
     """A snapshot is dicts, lists, strings and numbers: refuse anything that would run code."""

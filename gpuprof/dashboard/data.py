@@ -17,12 +17,14 @@ from pathlib import Path
 
 import streamlit as st
 
+from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
 from gpuprof.dashboard import DEFAULT_REFRESH_S, MIN_REFRESH_S, REFRESH_ENV, RUNS_DIR_ENV, default_runs_dir
 from gpuprof.errors import GpuprofError
 from gpuprof.report import Report, TraceWindow, build_report
 from gpuprof.report.build import trace_window
 from gpuprof.report.trace_report import TraceReport, trace_folder_report
 from gpuprof.run.reader import find_run_dirs, find_trace_dirs
+from gpuprof.run.schema import EventKind
 from gpuprof.tune.tuning import RESULT_FILE, read_result
 
 # A run whose files have not changed for this long is no longer refreshed as live.
@@ -216,6 +218,20 @@ def overlay_panels(path_a: str, signature_a: tuple, path_b: str, signature_b: tu
 def uploaded_trace(files: tuple[str, ...], file_signature: tuple) -> TraceWindow:
     """The trace analyzer's tables of a trace file uploaded to the Trace page (runs' windows are in their reports)."""
     return trace_window("upload", [Path(file) for file in files])
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def memory_snapshots(path: str, run_signature: tuple) -> dict[Path, bool]:
+    """The run's CUDA memory snapshot files, each with whether an `oom` event names it (else the loop took it)."""
+    run = _run(path)
+    named = run.events.loc[run.events["kind"] == EventKind.OOM, "details"]
+    on_oom = {run.path / details["snapshot"] for details in named if isinstance(details, dict) and "snapshot" in details}
+    return {file: file in on_oom for file in run.snapshot_files}
+
+
+@st.cache_data(show_spinner="Reading the snapshot…", max_entries=8)
+def memory_snapshot(path: str, file_signature: tuple) -> MemorySnapshot:
+    return read_snapshot(path)
 
 
 def file_signature(files: list[Path]) -> tuple:

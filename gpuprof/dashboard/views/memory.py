@@ -9,7 +9,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import streamlit as st
 
-from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
+from gpuprof.analysis.memory_snapshot import MemorySnapshot
 from gpuprof.analysis.trace.tables import TABLE_TITLES, missing_note, missing_views
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import trace_memory_panel
@@ -17,7 +17,6 @@ from gpuprof.dashboard.downsample import lttb
 from gpuprof.dashboard.views.common import need_runs, section, show_not_in_a_trace, show_panel
 from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
-from gpuprof.run.reader import load_run
 
 PAGE = "Memory"
 RECORD_HINT = ("This run has no CUDA memory snapshot. On a CUDA device, call `prof.memory_snapshot()` in the loop "
@@ -25,20 +24,6 @@ RECORD_HINT = ("This run has no CUDA memory snapshot. On a CUDA device, call `pr
                "an out-of-memory error leaving the loop writes one too.")
 HISTORY_HINT = ("This snapshot holds no allocation history, only what was live when it was taken: pass "
                 "`memory_history=True` to `gpuprof.profile(...)` to record the allocator's actions and stacks.")
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def _oom_snapshots(path: str, run_signature: tuple) -> set[str]:
-    """The snapshot files the run's `oom` events name (the others were taken on demand)."""
-    run = load_run(path)
-    events = run.events
-    named = events.loc[events["kind"] == "oom", "details"]
-    return {str(run.path / details["snapshot"]) for details in named if isinstance(details, dict) and "snapshot" in details}
-
-
-@st.cache_data(show_spinner="Reading the snapshot…", max_entries=8)
-def _snapshot(path: str, file_signature: tuple) -> MemorySnapshot:
-    return read_snapshot(path)
 
 
 def timeline_figure(snapshot: MemorySnapshot) -> go.Figure:
@@ -63,9 +48,8 @@ def show(snapshot: MemorySnapshot) -> None:
     columns[0].metric("Allocated", formatting.figure(snapshot.allocated_bytes, "bytes"))
     columns[1].metric("Reserved", formatting.figure(snapshot.reserved_bytes, "bytes"))
     columns[2].metric("Segments", f"{snapshot.segments:,}")
-    oom = snapshot.timeline[snapshot.timeline["action"] == "oom"]
-    if not oom.empty:
-        st.error(f"Out of memory: the last failing request asked for {formatting.figure(oom['size_bytes'].iloc[-1], 'bytes')}.")
+    if snapshot.failed_request_bytes is not None:
+        st.error(f"Out of memory: the last failing request asked for {formatting.figure(snapshot.failed_request_bytes, 'bytes')}.")
     st.subheader("Allocation timeline")
     if snapshot.has_history:
         st.plotly_chart(timeline_figure(snapshot), key="memory_timeline", theme=None)
@@ -96,13 +80,12 @@ def pick_snapshot(entry) -> Path | None:
         show_trace_memory(entry.report.tables)
         show_not_in_a_trace("a CUDA memory snapshot", ("memory snapshots",))
         return None
-    files = load_run(entry.path).snapshot_files
-    if not files:
+    on_oom = data.memory_snapshots(str(entry.path), entry.signature)
+    if not on_oom:
         st.info(RECORD_HINT)
         return None
-    oom = _oom_snapshots(str(entry.path), entry.signature)
-    return st.selectbox("Snapshot", files, key="memory_snapshot",
-                        format_func=lambda file: f"{file.name} · {'out of memory' if str(file) in oom else 'on demand'}")
+    return st.selectbox("Snapshot", list(on_oom), key="memory_snapshot",
+                        format_func=lambda file: f"{file.name} · {'out of memory' if on_oom[file] else 'on demand'}")
 
 
 def render(root, entries, selected) -> None:
@@ -112,4 +95,4 @@ def render(root, entries, selected) -> None:
     choice = pick_snapshot(selected[0])
     if choice is not None:
         with section("Memory snapshot"):
-            show(_snapshot(str(choice), data.file_signature([choice])))
+            show(data.memory_snapshot(str(choice), data.file_signature([choice])))
