@@ -46,7 +46,7 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuprof.report.trace_report import build_trace_report, diff_of
+    from gpuprof.report.trace_report import build_trace_report, diff_of, diff_to_dict
 
     report = build_trace_report(args.path, include_last_step=args.include_last_step, top=args.top, jobs=args.jobs,
                                 scheduler=args.scheduler)
@@ -54,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         document = report.to_dict()
         if diff is not None:
-            from gpuprof.run.jsonable import json_safe
-
-            document["diff"] = {"a": str(args.path), "b": str(args.diff), "rows": json_safe(diff.to_dict("records"))}
+            document["diff"] = diff_to_dict(args.path, args.diff, diff)
         json.dump(document, sys.stdout, sort_keys=True, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     else:

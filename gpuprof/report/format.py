@@ -10,6 +10,8 @@ from gpuprof.units import bytes_text
 
 GIB = 2**30
 MISSING = "n/a"
+# A field name's unit ending as people read it, the value left in that unit (evidence, event details).
+FIELD_UNITS = (("_per_s", "/s"), ("_us", " µs"), ("_s", " s"), ("_pct", " %"), ("_bytes", " bytes"))
 # A severity's colour: by name (Streamlit's markdown colours) and as hex (the HTML report).
 SEVERITY_COLORS = {"critical": ("red", "#c62828"), "warning": ("orange", "#ef6c00"), "info": ("blue", "#1565c0")}
 
@@ -42,6 +44,16 @@ def fmt_share(value_pct) -> str:
 
 def fmt_ratio(value) -> str:
     return fmt(value, "{:.2f}×")
+
+
+def table_number(value, milliseconds: bool = False) -> str:
+    """A number in a text table: whole numbers with thousands separators, others to 2 decimals;
+    `milliseconds`, a time in µs shown in ms (3 decimals below 1 ms, else 1)."""
+    if not known(value):
+        return MISSING
+    if milliseconds:
+        return f"{value / 1000:,.3f}" if abs(value) < 1000 else f"{value / 1000:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
 
 
 def figure(value, unit: str = "") -> str:
@@ -114,6 +126,31 @@ def rank_list(ranks, shown: int = 20) -> str:
     ranks = list(ranks)
     text = ", ".join(map(str, ranks[:shown]))
     return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+
+
+def short_labels(names: list[str], width: int) -> dict[str, str]:
+    """Each name as it fits `width` characters and still tells it from the others: a longer one as "…" and
+    its shortest end (from a "-", "_" or "/") that no other name ends in ("…tiny-baseline")."""
+    return {name: _short_label(name, names, width) for name in names}
+
+
+def _short_label(name: str, names: list[str], width: int) -> str:
+    """`name` whole when it fits or when no shorter end tells it apart."""
+    if len(name) <= width:
+        return name
+    ends = [name[i + 1:] for i in reversed(range(len(name))) if name[i] in "-_/"]
+    unique = (end for end in ends if not any(other != name and other.endswith(end) for other in names))
+    return next((f"…{end}" for end in unique), name)
+
+
+def field_text(name) -> str:
+    """A snake_case field (an evidence key) as words, its unit ending as a symbol: "stall_time_s" -> "stall time s";
+    another key (a rank) as its text."""
+    name = str(name)
+    for ending, symbol in FIELD_UNITS:
+        if name.endswith(ending):
+            return name.removesuffix(ending).replace("_", " ") + symbol
+    return name.replace("_", " ")
 
 
 def present(mapping: dict) -> dict:

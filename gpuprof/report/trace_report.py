@@ -28,6 +28,7 @@ from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.report.build import CACHED_REPORTS, TraceWindow, trace_window
 from gpuprof.report.format import rank_list
 from gpuprof.report.verdict import Verdict, decide, with_failed_rules
+from gpuprof.run.jsonable import json_safe
 from gpuprof.run.reader import run_signature
 
 SCHEMA = "gpuprof.trace"
@@ -78,8 +79,6 @@ class TraceReport:
 
     def to_dict(self) -> dict:
         """The `gpuprof trace --json` document (docs/json-output.md)."""
-        from gpuprof.run.jsonable import json_safe
-
         return {
             "schema": SCHEMA,
             "schema_version": SCHEMA_VERSION,
@@ -142,6 +141,11 @@ def diff_of(path_a, path_b, *, include_last_step: bool = False) -> pd.DataFrame:
     a, b = (TraceAnalysis(trace_spans(trace_files(path))[-1], include_last_step=include_last_step)
             for path in (path_a, path_b))
     return trace_diff(a, b)
+
+
+def diff_to_dict(path_a, path_b, diff: pd.DataFrame) -> dict:
+    """The `diff` entry of `gpuprof trace --diff --json`'s document (docs/json-output.md)."""
+    return {"a": str(path_a), "b": str(path_b), "rows": json_safe(diff.to_dict("records"))}
 
 
 def span_name(number: int) -> str:

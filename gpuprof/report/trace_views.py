@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_TITLES, VIEW_NEEDS
-from gpuprof.report.format import figure
+from gpuprof.report.format import MISSING, figure, fmt, table_number
 from gpuprof.report.frames import FrameView, shown_values
 from gpuprof.run.jsonable import json_safe
 
@@ -101,24 +101,20 @@ def cell(value, milliseconds: bool = False, *, as_bytes: bool = False, verbatim:
     """`verbatim`: text shown as it is (but its length), not shortened as a kernel or op name."""
     value = json_safe(value)
     if value is None:
-        return "-"
+        return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
     if as_bytes:
         return figure(value, "bytes")
     if verbatim:
         return value if len(value) <= VERBATIM_WIDTH else value[: VERBATIM_WIDTH - 1] + "…"
-    if milliseconds:
-        return f"{value / 1000:,.3f}" if abs(value) < 1000 else f"{value / 1000:,.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.2f}"
+    if isinstance(value, (int, float)):
+        return table_number(value, milliseconds)
     return short_name(value)
 
 
 def _looks_numeric(text: str) -> bool:
-    return text == "-" or text.lstrip("-")[:1].isdigit()
+    return text == MISSING or text.lstrip("-")[:1].isdigit()
 
 
 def plain_view(key: str, table, title: str | None = None) -> TableView:
@@ -142,8 +138,8 @@ def steps_view(table) -> TableView:
         cells = []
         for rank in means.index:
             value, total = means.loc[rank, column], means.loc[rank, "step_time_us"]
-            share = f" ({100 * value / total:.1f} %)" if column != "step_time_us" and total else ""
-            cells.append(f"{value / 1000:,.2f}{share}")
+            share = f" ({fmt(100 * value / total, '{:.1f} %')})" if column != "step_time_us" and total else ""
+            cells.append(fmt(value / 1000, "{:,.2f}") + share)
         rows.append([column.removesuffix("_us").replace("_", " "), *cells])
     steps = table.groupby("rank").size()
     headers = ["mean per step, ms"] + [f"rank {r} ({steps[r]} steps)" for r in means.index]
