@@ -15,7 +15,10 @@ import streamlit as st
 from gpuprof.dashboard import MAX_SELECTED_RUNS, MIN_REFRESH_S, data
 from gpuprof.dashboard.views import compare, distributed, memory, numerics, run, runs, timeline, trace, tune
 from gpuprof.errors import GpuprofError
+from gpuprof.report.format import short_labels
 
+# What a run chip in the sidebar shows before Streamlit cuts it short.
+CHIP_CHARS = 18
 PAGES = {
     "Runs": runs.render,
     "Run": run.render,
@@ -50,8 +53,9 @@ def _sidebar(entries: list[data.RunEntry]) -> tuple[str, list[str], float | None
     with st.sidebar:
         st.title("gpuprof")
         page = st.radio("Page", list(PAGES), key="page")
+        labels = short_labels(names, CHIP_CHARS)
         selected = st.multiselect(
-            "Runs", names, key="selected_runs", max_selections=MAX_SELECTED_RUNS,
+            "Runs", names, key="selected_runs", max_selections=MAX_SELECTED_RUNS, format_func=labels.get,
             help="One run for the Run, Numerics, Trace, Timeline, Memory and Distributed pages (the first); "
             "two or more for Compare: B is the last, A the others (a baseline of several runs).",
         )

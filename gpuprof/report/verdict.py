@@ -78,7 +78,7 @@ HOW_TO_RECORD = {
     "trace window": "a trace window: gpuprof.profile(..., trace_steps=range(10, 12)), or "
                     "gpuprof train --trace-steps 10:12",
     "device metrics": "NVML device samples: an NVIDIA GPU with nvidia-ml-py installed, and gpuprof.profile's "
-                      "sample_interval_s left on (by default every 0.1 s where a GPU is sampled)",
+                      "sample_interval_s=\"auto\", its default (every 0.1 s where a GPU is sampled)",
     # Not a verdict's: what the dashboard's pages need beyond a bare trace.
     "numerics": "loss, gradient norms and NaN/Inf checks per step: prof.step(loss=loss); a non-finite step is "
                 "then blamed on its module and op, with a bundle to replay",

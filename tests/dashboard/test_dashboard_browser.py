@@ -71,6 +71,15 @@ PAGE_STATE = """() => ({
 # (Tables are drawn on a canvas: their cells' text is in the grid's accessible cells, not in innerText.)
 
 
+# What a reader must never see in a page's text or table cells: Python's None (a figure a run lacks reads n/a),
+# markdown's backticks, a raw column or evidence name with its unit ending (not a keyword argument), an epoch time.
+UNREADABLE = re.compile(r"\bNone\b|`|\b[a-z]+(?:_[a-z0-9]+)+_(?:s|us|pct|bytes)\b(?!=)|\b1[6-9]\d{8}(?:\.\d+)?\b")
+
+
+def unreadable(text: str) -> list[str]:
+    return sorted(set(UNREADABLE.findall(text)))
+
+
 def rendered(page, charts: int, tables: int, texts: list[str]) -> dict:
     """The page's state once it shows `charts` drawn charts, `tables` tables and every text, with
     Streamlit idle; polls the DOM (no fixed sleep) for up to RENDER_TIMEOUT_S."""
@@ -152,7 +161,7 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
                           *(f"plain traces: {name}" for name, *_ in TRACE_PAGES)}
     runs_text = shown["Runs"]["text"]
     assert "no_workers" in runs_text and "workers" in runs_text and "baseline" in runs_text
-    assert "None" not in runs_text  # a figure a run lacks (MFU on a CPU) reads n/a
+    assert {name: unreadable(state["text"]) for name, state in shown.items()} == dict.fromkeys(shown, [])
     (tmp_path / "run_page.png").write_bytes(screenshot)
     from PIL import Image
 

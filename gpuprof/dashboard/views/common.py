@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from gpuprof.report.format import SEVERITY_COLORS, gain_text, present, value_text
+from gpuprof.report.format import SEVERITY_COLORS, field_text, gain_text, present, value_text
 from gpuprof.report.verdict import HOW_TO_RECORD
 from gpuprof.errors import GpuprofError
 
@@ -86,7 +86,7 @@ def markdown_text(text: str) -> str:
 
 def show_values(values: dict) -> None:
     """Evidence as a table of its values, each as people read it."""
-    st.table(pd.DataFrame({"value": [value_text(value) for value in values.values()]}, index=list(values)))
+    st.table(pd.DataFrame({"value": [value_text(value) for value in values.values()]}, index=list(map(field_text, values))))
 
 
 def show_verdict(verdict) -> None:
@@ -115,7 +115,7 @@ def show_findings(findings: list, empty: str = "No problems found by the diagnos
                 show_values(flat)
             for key, value in finding.evidence.items():
                 if isinstance(value, dict) and present(value):
-                    st.caption(key)
+                    st.caption(field_text(key))
                     show_values(present(value))
 
 

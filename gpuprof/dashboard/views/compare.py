@@ -49,7 +49,7 @@ def findings_column(column, title: str, findings: list) -> None:
         if findings:
             show_findings(findings)
         else:
-            st.info("None.")
+            st.info("No findings.")
 
 
 def baseline_pooling(baseline: list) -> str:
