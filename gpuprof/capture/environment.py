@@ -8,6 +8,7 @@ import platform
 import socket
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 import gpuprof
@@ -63,7 +64,9 @@ def device_facts(device: torch.device) -> dict:
 
 
 def host_facts() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "platform": platform.platform()}
+    # psutil's count: the scale of the host_cpu_pct it measures
+    return {"host": socket.gethostname(), "host_cpu_count": psutil.cpu_count(), "pid": os.getpid(),
+            "platform": platform.platform()}
 
 
 def torch_settings() -> dict:

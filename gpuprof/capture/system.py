@@ -9,6 +9,7 @@ goes on. Hopper GPM metrics (SM / tensor / DRAM activity) are read where support
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -137,6 +138,58 @@ DEVICE_INTERVAL_S = 0.1
 HOST_INTERVAL_S = 1.0
 
 
+class JobCpu:
+    """The CPU used by the run's own processes on this host between two readings, in percent of all the
+    host's CPUs: host_cpu_pct's scale, so that host_cpu_pct minus this is what other processes took. The
+    run's own: this process and its children (DataLoader and compile workers); under a launcher that runs
+    several ranks here (torchrun: LOCAL_WORLD_SIZE > 1), the launcher's whole tree, every local rank and its
+    workers. The children are listed again every CHILDREN_REFRESH_S (a listing scans /proc); a child's
+    first interval after it is seen is not counted."""
+
+    CHILDREN_REFRESH_S = 5.0
+
+    def __init__(self):
+        self._process = _job_root()
+        self._cpu_count = psutil.cpu_count() or 1
+        self._children: list[psutil.Process] = []
+        self._listed_at = float("-inf")
+        self._last: tuple[float, dict[int, float]] | None = None
+
+    def pct(self) -> float | None:
+        """Percent of the host's CPUs since the previous call; None on the first."""
+        now = time.monotonic()
+        if now - self._listed_at >= self.CHILDREN_REFRESH_S:
+            self._children, self._listed_at = self._list_children(), now
+        cpu_s = {process.pid: seconds for process in (self._process, *self._children)
+                 if (seconds := _cpu_seconds(process)) is not None}
+        last, self._last = self._last, (now, cpu_s)
+        if last is None or now <= last[0]:
+            return None
+        used_s = sum(seconds - last[1][pid] for pid, seconds in cpu_s.items() if pid in last[1])
+        return max(0.0, 100 * used_s / ((now - last[0]) * self._cpu_count))
+
+    def _list_children(self) -> list[psutil.Process]:
+        try:
+            return self._process.children(recursive=True)
+        except psutil.Error:
+            return []
+
+
+def _job_root() -> psutil.Process:
+    process = psutil.Process()
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) > 1:
+        return process.parent() or process
+    return process
+
+
+def _cpu_seconds(process: psutil.Process) -> float | None:
+    try:
+        times = process.cpu_times()
+    except psutil.Error:  # a worker that has exited
+        return None
+    return times.user + times.system
+
+
 class SystemSampler:
     """A daemon thread writing one `system` row per interval (one per device plus the host readings),
     and taking the stack sampler's samples (gpuprof.capture.stack_sampler) between them, one wake-up for both.
@@ -154,6 +207,7 @@ class SystemSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rss = RssReader()
+        self._job_cpu = JobCpu()
         self._prof = None
 
     @property
@@ -174,7 +228,6 @@ class SystemSampler:
         if reason:
             _say_device_metrics_off(reason)
             prof.event(EventKind.DEVICE_METRICS_OFF, f"device metrics off: {reason}", reason=reason)
-        psutil.cpu_percent(interval=None)  # the first reading only starts psutil's measurement window
         self.proc_rss_bytes = self._rss.rss_bytes()
 
     def _open_nvml(self, device: torch.device) -> str | None:
@@ -208,6 +261,10 @@ class SystemSampler:
         return min(period for period in periods if period) if any(periods) else DEVICE_INTERVAL_S
 
     def _run(self) -> None:
+        if self.samples_system:
+            # the first readings only start the measurement windows (psutil keeps cpu_percent's per thread)
+            psutil.cpu_percent(interval=None)
+            self._job_cpu.pct()
         now = time.monotonic()
         # the first system row soon, also in a short run
         next_system = now + min(self.interval_s, DEVICE_INTERVAL_S) if self.samples_system else float("inf")
@@ -243,7 +300,8 @@ class SystemSampler:
         self.proc_rss_bytes = self._rss.rss_bytes()
         row = {
             "time_unix_s": time.time(), "rank": self._prof.ranks.rank, "device_index": None,
-            "host_cpu_pct": psutil.cpu_percent(interval=None), "proc_rss_bytes": self.proc_rss_bytes,
+            "host_cpu_pct": psutil.cpu_percent(interval=None), "job_cpu_pct": self._job_cpu.pct(),
+            "proc_rss_bytes": self.proc_rss_bytes,
             "host_mem_used_bytes": memory.total - memory.available, "host_mem_total_bytes": memory.total,
         }
         if self._nvml is not None:

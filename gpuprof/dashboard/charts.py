@@ -122,7 +122,7 @@ GPU_SERIES_NAMES = {"gpu_util_pct": "busy", "sm_active_pct": "SM active", "tenso
 
 # The system columns the charts draw (not the throttle reasons: lists are slow to convert).
 SYSTEM_CHART_COLUMNS = ("time_unix_s", "device_index", *(c for _, columns in _GPU_ROWS for c in columns),
-                        "host_cpu_pct", "proc_rss_bytes")
+                        "host_cpu_pct", "job_cpu_pct", "proc_rss_bytes")
 
 
 def gpu_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
@@ -158,6 +158,9 @@ def host_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
     figure = make_subplots(specs=[[{"secondary_y": True}]])
     if _has(host, "host_cpu_pct"):
         figure.add_trace(_line(host, "elapsed_s", "host_cpu_pct", "host CPU %"), secondary_y=False)
+    if _has(host, "job_cpu_pct"):
+        figure.add_trace(_line(host, "elapsed_s", "job_cpu_pct", "this run's CPU % (the rest: other processes)"),
+                         secondary_y=False)
     if _has(host, "proc_rss_bytes"):
         figure.add_trace(_line(host, "elapsed_s", "proc_rss_bytes", "process RSS GiB", scale=1 / GIB), secondary_y=True)
         figure.update_yaxes(title_text="GiB", secondary_y=True)

@@ -8,6 +8,7 @@ from functools import cached_property
 
 import pandas as pd
 
+from gpuprof.analysis.run.host_load import HostLoad, host_load
 from gpuprof.analysis.run.hotspots import COLUMNS as HOTSPOT_COLUMNS
 from gpuprof.analysis.run.hotspots import hotspots, site_label, top_sites
 from gpuprof.analysis.run.ranks import hangs, rank_outcomes
@@ -235,6 +236,16 @@ class RunContext(Context):
     @cached_property
     def hotspots(self) -> pd.DataFrame:
         return hotspots(self.run, self.summary)
+
+    @cached_property
+    def host_load(self) -> HostLoad | None:
+        """What other processes took of the first rank's host (gpuprof.analysis.run.host_load)."""
+        rank = self.first_rank
+        if rank is None:
+            return None
+        cpu_count = (self.run.rank_meta.get(rank) or {}).get("host_cpu_count")
+        return host_load(self.first_rank_steps, self.run.query.rank_frame("system", rank), cpu_count,
+                         self.summary.warmup.first_measured_step, self.meta.get("sample_interval_s"))
 
     def events_of(self, *kinds: str) -> pd.DataFrame:
         events = self.run.events

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpuprof.analysis.run.host_load import HostLoad
 from gpuprof.analysis.run.summary import RunSummary
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.ranks import analysis_tables
@@ -79,6 +80,8 @@ class Report:
     # How each rank ended, and the watchdog's `hang` events (gpuprof.analysis.run.ranks).
     rank_outcomes: pd.DataFrame = field(default_factory=pd.DataFrame)
     hangs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # What other processes took of the first rank's host while it trained; None where not recorded.
+    host_load: HostLoad | None = None
 
     @property
     def name(self) -> str:
@@ -97,7 +100,8 @@ class Report:
                 "findings": [finding.to_dict() for finding in self.findings],
                 "ranks": json_safe(self.rank_outcomes.to_dict(orient="records")),
                 "hangs": json_safe(self.hangs.to_dict(orient="records")),
-                "hotspots": json_safe(self.hotspots.to_dict(orient="records"))}
+                "hotspots": json_safe(self.hotspots.to_dict(orient="records")),
+                "host_load": json_safe(self.host_load.to_dict()) if self.host_load is not None else None}
 
 
 def build_report(run_dir) -> Report:
@@ -125,6 +129,7 @@ def _report(path: str, signature: tuple) -> Report:
         run=run, signature=signature, summary=context.summary, verdict=verdict, findings=findings,
         trace_windows=windows, blames=blames, blame_chain=blame_chain(events, blames), notes=notes,
         rank_outcomes=context.rank_outcomes, hangs=context.hangs, hotspots=context.hotspots,
+        host_load=context.host_load,
     )
 
 

@@ -15,7 +15,7 @@ from gpuprof.analysis.run.summary import measured_step_table
 from gpuprof.errors import GpuprofError
 from gpuprof.report import gate
 from gpuprof.report.build import Report
-from gpuprof.report.contract import TERMS, Difference, differences
+from gpuprof.report.contract import TERMS, Difference, differences, host_load_difference
 from gpuprof.report.format import MISSING, ci_text, figure_text, fmt_interval, fmt_ratio_interval
 from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate
 from gpuprof.run.jsonable import json_safe
@@ -350,7 +350,9 @@ def compare(report_a: Report | list[Report], report_b: Report, *, pooling: str =
     rules_b = {finding.rule for finding in report_b.findings}
     found = list(dict.fromkeys(
         difference for report in a_side.reports
-        for difference in differences(report.meta, a_side.tokens_per_step, report_b.meta, b_side.tokens_per_step)))
+        for difference in (*differences(report.meta, a_side.tokens_per_step, report_b.meta, b_side.tokens_per_step),
+                           host_load_difference(report.host_load, report_b.host_load))
+        if difference is not None))
     return Comparison(
         a_side=a_side, b_side=b_side, confidence=confidence,
         figures=figures(a_side, b_side, confidence), differences=found,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from gpuprof.analysis.run.host_load import CONTENDED_CORES, HostLoad
 from gpuprof.report.format import MISSING, device_label, figure
 
 
@@ -86,3 +87,20 @@ def differences(meta_a: dict, tokens_a: float | None, meta_b: dict, tokens_b: fl
         found.append(Difference(term.name, term.group, shown(a), shown(b),
                                 term.blocks and a is not None and b is not None))
     return found
+
+
+def host_load_difference(load_a: HostLoad | None, load_b: HostLoad | None) -> Difference | None:
+    """Other processes' load on the runs' hosts, where one run competed for its cores and the other did not as
+    much: each speed then holds a different share of someone else's work. Listed, never blocking."""
+    loads = (load_a, load_b)
+    if not any(load is not None and load.contended for load in loads):
+        return None
+    if None not in loads and abs(load_a.other_cpu_cores - load_b.other_cpu_cores) < CONTENDED_CORES:
+        return None
+    return Difference("host load", "environment", *(_load_text(load) for load in loads), blocks=False)
+
+
+def _load_text(load: HostLoad | None) -> str:
+    if load is None:
+        return shown(None)
+    return f"{load.other_cpu_cores:.1f} of {load.cpu_count} CPUs taken by other processes"

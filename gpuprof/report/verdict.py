@@ -65,7 +65,8 @@ NEXT_STEPS = {
     "numerics": "Find the first non-finite value: the Numerics page, or gpuprof replay on its bundle.",
 }
 # Findings about how to measure the run, not how to speed it up: never a verdict's next step.
-ABOUT_MEASURING = {"warmup-pollution"}
+HOST_CONTENTION = "host-contention"
+ABOUT_MEASURING = {"warmup-pollution", HOST_CONTENTION}
 MISSING_WHY = {
     "phases": "The run did not time the step's phases: waiting for data cannot be told from the work.",
     "trace window": "Without a trace window, communication (and on a GPU, compute from launch overhead) "
@@ -125,6 +126,9 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     the run's, says what the loop already runs with (its `loop` facts), so that the next step is not one
     the loop took; `sites`, the run's hotspots, which of the user's functions hold a share."""
     verdict = bound_verdict(summary, findings, trace_steps, device_trace, meta, sites)
+    contention = next((f for f in findings if f.rule == HOST_CONTENTION), None)
+    if contention is not None:
+        verdict = replace(verdict, why=f"{verdict.why} {contention.title}: its times include their load.")
     if not summary.evaluation:
         return verdict
     return replace(verdict, why=f"{verdict.why} {evaluation_text(summary.evaluation)}", evaluation=summary.evaluation)

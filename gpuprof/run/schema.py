@@ -62,7 +62,7 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
         "time_unix_s", "rank", "device_index", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
         "mem_total_bytes", "power_w", "temp_c", "sm_clock_mhz", "throttle_reasons",
         "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "sm_active_pct", "tensor_active_pct",
-        "dram_active_pct", "host_cpu_pct", "proc_rss_bytes", "host_mem_used_bytes",
+        "dram_active_pct", "host_cpu_pct", "job_cpu_pct", "proc_rss_bytes", "host_mem_used_bytes",
         "host_mem_total_bytes",
     ),
     "events": ("time_unix_s", "rank", "step", "kind", "severity", "message", "details"),
@@ -265,5 +265,6 @@ class RankMeta(_Facts):
     device: DeviceFacts | None = None
     clock: str | None = None
     host: str | None = None
+    host_cpu_count: Annotated[int, msgspec.Meta(ge=1)] | None = None
     pid: int | None = None
     platform: str | None = None

@@ -6,11 +6,17 @@ from gpuprof.analysis.run.summary import percentile
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
+from gpuprof.diagnoses.rules.host_load import CONTENTION_FIX
 
 STEP_TIME_CV_WARNING = 0.25
 # A steady rate needs this many measured steps before its spread means anything.
 MIN_MEASURED_STEPS = 5
 WARMUP_INFLATION_INFO_PCT = 10.0
+VARIANCE_FIX = (
+    "Look at what the slow steps do differently: periodic evaluation, checkpointing or logging "
+    "inside the loop, data-loader stalls, Python GC (gc.freeze() after setup), recompilation on "
+    "new shapes (pad to fixed lengths)."
+)
 
 
 @rule("step-time-variance", "host")
@@ -25,10 +31,15 @@ def step_time_variance(ctx):
         return None
     p50_s, p90_s, p99_s = (percentile(times, q) for q in (50, 90, 99))
     slow = times[times >= p90_s]
+    title, fix = f"Step time is erratic: p99 {p99_s:.3g}s vs p50 {p50_s:.3g}s", VARIANCE_FIX
+    load = ctx.host_load
+    if load is not None and load.slow_steps_contended:
+        title += f"; the slowest steps ran while other processes held {load.slow_steps_excess_cores:.1f} more CPUs"
+        fix = f"{CONTENTION_FIX} Then, if steps are still erratic: {VARIANCE_FIX[0].lower()}{VARIANCE_FIX[1:]}"
     return Finding(
         rule="step-time-variance",
         severity="warning",
-        title=f"Step time is erratic: p99 {p99_s:.3g}s vs p50 {p50_s:.3g}s",
+        title=title,
         evidence={
             "step_time_cv": cv,
             "step_time_p50_s": p50_s,
@@ -36,12 +47,9 @@ def step_time_variance(ctx):
             "slowest_steps": [int(step) for step in slow.index[:10]],
             "evaluation_left_out": bool(summary.evaluation),
             "threshold_cv": STEP_TIME_CV_WARNING,
+            **(load.to_dict() if load is not None else {}),
         },
-        fix=(
-            "Look at what the slow steps do differently: periodic evaluation, checkpointing or logging "
-            "inside the loop, data-loader stalls, Python GC (gc.freeze() after setup), recompilation on "
-            "new shapes (pad to fixed lengths)."
-        ),
+        fix=fix,
         # Running every step at the median speed would save the excess of the mean over it.
         est_gain_pct=max(0.0, 100 * (1 - p50_s / mean_s)),
     )

@@ -1,0 +1,93 @@
+"""Other processes on the run's host: the run's own CPU is told from theirs, and a run that competed for
+its cores says so (a finding, the verdict's why, a comparison's contract), on real runs with real busy
+processes beside them."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import gpuprof
+from gpuprof.analysis.run.host_load import HostLoad
+from gpuprof.report import build_report, compare
+from gpuprof.report.comparison import contract_lines
+from gpuprof.report.contract import host_load_difference
+
+# Busy for 60 s at most: one left behind by a killed test stops by itself.
+SPIN = [sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"]
+INTERVAL_S = 0.25
+CPUS = psutil.cpu_count() or 1
+
+
+def spinner_outside_the_job() -> int:
+    """A busy process that is not this one's child (started by a shell that exits at once), by pid."""
+    shell = subprocess.run(["sh", "-c", f"{shlex.join(SPIN)} >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, check=True)
+    return int(shell.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def contended(tmp_path_factory):
+    """A run of light steps with one busy child (the job's own) and, beside it, a busy process per CPU that
+    is not the job's: (run dir, the cores the child and this process used over the steps, on average)."""
+    if CPUS > 16:
+        pytest.skip("saturating this host takes more busy processes than a test should start")
+    run_dir = tmp_path_factory.mktemp("host_load") / "run"
+    others = [spinner_outside_the_job() for _ in range(CPUS)]
+    child = psutil.Process(subprocess.Popen(SPIN).pid)
+    try:
+        with gpuprof.profile(run_dir, sample_interval_s=INTERVAL_S, stack_interval_s=0) as prof:
+            start = job_cpu_s(child), time.time()
+            for _ in range(60):
+                time.sleep(0.05)
+                prof.step()
+            end = job_cpu_s(child), time.time()
+    finally:
+        child.kill()
+        for pid in others:
+            psutil.Process(pid).kill()
+    return run_dir, (end[0] - start[0]) / (end[1] - start[1]), (start[1], end[1])
+
+
+def job_cpu_s(child: psutil.Process) -> float:
+    return sum(sum(process.cpu_times()[:2]) for process in (child, psutil.Process()))
+
+
+def test_the_jobs_cpu_counts_its_children_and_not_other_processes(contended):
+    run_dir, used_cores, (start_s, end_s) = contended
+    system = gpuprof.load_run(run_dir).system.dropna(subset=["job_cpu_pct"])
+    # the samples whose whole interval lies within the steps
+    during = system[(system["time_unix_s"] >= start_s + INTERVAL_S) & (system["time_unix_s"] <= end_s)]
+    recorded_cores = float(during["job_cpu_pct"].mean()) * CPUS / 100
+    assert len(during) >= 4
+    # the busy child is the job's (about a core, less when the busy others take their share); the others are not
+    assert 0.7 * used_cores <= recorded_cores <= 1.3 * used_cores + 0.05, (recorded_cores, used_cores)
+    assert (system["host_cpu_pct"] >= system["job_cpu_pct"] - 1).all()
+
+
+def test_a_run_beside_busy_processes_is_told_it_competed_for_its_cores(contended):
+    report = build_report(contended[0])
+    [finding] = [finding for finding in report.findings if finding.rule == "host-contention"]
+    assert finding.evidence["other_cpu_cores"] >= 0.5 * CPUS - 0.5  # one busy process per CPU, the child beside
+    assert finding.evidence["host_cpu_count"] == CPUS
+    assert finding.title.startswith("Other processes held ")
+    assert "taskset" in finding.fix
+    assert f"{finding.title}: its times include their load." in report.verdict.why
+    assert "host-contention" not in report.verdict.next_step
+
+
+def test_a_comparison_lists_a_difference_in_host_load(contended):
+    report = build_report(contended[0])
+    assert not any(line.startswith("host load") for line in contract_lines(compare(report, report)))
+    quiet = HostLoad(cpu_count=CPUS, samples=10, other_cpu_cores=0.0, saturated_pct=0.0,
+                     slow_steps_other_cpu_cores=0.0, slow_steps_saturated_pct=0.0, other_steps_other_cpu_cores=0.0)
+    difference = host_load_difference(quiet, report.host_load)
+    assert difference.text.startswith(f"host load: A 0.0 of {CPUS} CPUs taken by other processes, B ")
+    assert not difference.blocks
+    assert host_load_difference(quiet, None) is None  # neither competed, as far as was recorded
+    assert "(not recorded)" in host_load_difference(None, report.host_load).a
