@@ -76,6 +76,8 @@ def test_item_per_step_is_found_in_the_cpu_trace(corpus):
     assert finding.evidence["source"] == "cpu-trace"
     assert finding.evidence["syncs_per_step"] == pytest.approx(1.0)
     assert finding.severity == "info", "a CPU run pays nothing for a host read"
+    assert finding.title.startswith("1.0 reads of tensor values on the host per step, mostly from aten::_local_scalar_dense")
+    assert finding.title.endswith("each would be a host-device sync on a GPU")  # not called a sync where none is
 
 
 def test_eager_attention_is_read_from_the_model(corpus):

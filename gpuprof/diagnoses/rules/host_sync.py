@@ -99,7 +99,9 @@ def host_device_sync(ctx):
     return Finding(
         rule="host-device-sync",
         severity="warning" if on_device else ctx.gpu_warning,
-        title=f"{per_step:.1f} host-device syncs per step, mostly from {causes.index[0]}",
+        title=(f"{per_step:.1f} host-device syncs per step, mostly from {causes.index[0]}" if on_device else
+               f"{per_step:.1f} reads of tensor values on the host per step, mostly from {causes.index[0]}: "
+               "each would be a host-device sync on a GPU"),
         evidence={
             "syncs_per_step": per_step,
             "by_cpu_op": {str(op): int(count) for op, count in causes.head(5).items()},
