@@ -59,24 +59,22 @@ def host_cutoff_us(events: pd.DataFrame, include_last_step: bool) -> int | None:
 
 
 def windowed(trace: Trace, include_last_step: bool) -> Trace:
-    """Each rank's analysis window. The trace's frames are emptied column by column on the way, so
-    that a window and its whole rank are never both in memory: pass a trace nothing else uses."""
+    """Each rank's analysis window. `trace` is used up: each rank's frame is handed over and cut a column at
+    a time, so that a rank and its window are never both in memory."""
     ranks = {rank: _windowed_rank(rank_trace, include_last_step) for rank, rank_trace in trace.ranks.items()}
     return replace(trace, ranks=ranks)
 
 
 def _windowed_rank(rank_trace: RankTrace, include_last_step: bool) -> RankTrace:
-    cutoff = host_cutoff_us(rank_trace.events, include_last_step)
+    events, memory = rank_trace.events, rank_trace.memory
+    cutoff = host_cutoff_us(events, include_last_step)
     if cutoff is None:
         return rank_trace
-    memory = rank_trace.memory
-    return replace(rank_trace, events=_taken_apart(rank_trace.events, window_rows(rank_trace.events, cutoff)),
+    rows = window_rows(events, cutoff)
+    columns = {name: events[name].array for name in events.columns}
+    rank_trace.events = events = None  # the columns are now only here: each is freed once cut
+    return replace(rank_trace, events=pd.DataFrame({name: columns.pop(name)[rows] for name in list(columns)}, copy=False),
                    memory=memory[memory["ts_us"].to_numpy() < cutoff].reset_index(drop=True))
-
-
-def _taken_apart(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
-    """frame[rows], built while `frame` gives up its columns one by one."""
-    return pd.DataFrame({name: frame.pop(name).array[rows] for name in list(frame.columns)}, copy=False)
 
 
 def step_windows(rank_trace: RankTrace) -> pd.DataFrame:
