@@ -9,8 +9,6 @@ blocks are another model size."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from html import escape as html_escape
@@ -18,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import gpuprof_cli
 
 from gpuprof.cli import main
 
 # recording four runs on a loaded 2-core machine takes minutes, and the first test waits for it
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
+TRAIN_TIMEOUT_S = 900  # four runs recorded at once on a loaded machine
 STEPS = 300  # at load 30 the steps drift together in blocks of ~13: fewer tell 40 ms from the noise too seldom
 VOCAB_SIZE = 256
 TRAIN = ("--steps", str(STEPS), "--model", "tiny", "--fused-adamw", "--attention", "sdpa", "--batch-size", "1",
@@ -37,12 +37,6 @@ RUNS = {
 OTHER_SIZE = ("--n-layer", "2", "--steps", "6", *TRAIN[2:])
 
 
-def gpuprof(*args, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # concurrent tiny runs: spinning threads only slow each other
-    return subprocess.run([sys.executable, "-m", "gpuprof", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare-runs")
@@ -50,7 +44,7 @@ def runs(tmp_path_factory):
     np.random.default_rng(0).integers(0, VOCAB_SIZE, 50_000, dtype=np.uint16).tofile(tokens)
 
     def record(name: str, args: tuple) -> None:
-        result = gpuprof("train", *args, "--data", tokens, "--run-dir", root / name)
+        result = gpuprof_cli("train", *args, "--data", tokens, "--run-dir", root / name, timeout=TRAIN_TIMEOUT_S)
         assert result.returncode == 0, f"recording {name} failed:\n{result.stderr[-3000:]}"
 
     with ThreadPoolExecutor(len(RUNS)) as pool:
@@ -138,7 +132,7 @@ def test_another_model_size_is_not_comparable(runs, capsys):
     blocking = {difference["term"] for difference in document["contract"]["differences"] if difference["blocks"]}
     assert {"parameters", "parameter shapes"} <= blocking
     assert document["conclusion"].startswith("A and B are not comparable: parameters: A ")
-    text = gpuprof("compare", runs / "same", runs / "other_size", "--gate")
+    text = gpuprof_cli("compare", runs / "same", runs / "other_size", "--gate")
     assert text.returncode == 4
     assert "parameter shapes: A " in text.stdout and "(blocks the comparison)" in text.stdout
 
@@ -163,5 +157,5 @@ def test_bad_gate_input_is_one_line_and_exit_2(runs, args, capsys):
 
 
 def test_a_folder_without_runs_is_bad_input(tmp_path, runs):
-    result = gpuprof("compare", tmp_path, runs / "same", "--gate")
+    result = gpuprof_cli("compare", tmp_path, runs / "same", "--gate")
     assert result.returncode == 2 and "neither a run nor a folder of runs" in result.stderr

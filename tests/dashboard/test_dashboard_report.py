@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import html
-import subprocess
-import sys
+
+from processes import gpuprof_cli
 
 from gpuprof.cli.report import render_html
 from gpuprof.dashboard.charts import run_panels
@@ -14,13 +14,9 @@ from gpuprof.report.format import SEVERITY_COLORS
 from gpuprof.run.reader import load_run
 
 
-def gpuprof(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True, text=True, timeout=400)
-
-
 def test_report_holds_findings_and_every_chart(sample_root, tmp_path):
     output = tmp_path / "report.html"
-    result = gpuprof("report", str(sample_root / "slow-data"), "-o", str(output))
+    result = gpuprof_cli("report", str(sample_root / "slow-data"), "-o", str(output))
     assert result.returncode == 0, result.stderr
     page = output.read_text()
     run = load_run(sample_root / "slow-data")
@@ -47,8 +43,8 @@ def test_report_shows_a_nan_runs_origin_as_its_fields_under_a_critical_verdict(s
 
 
 def test_report_bad_input_is_one_line_and_exit_2(sample_root, tmp_path):
-    result = gpuprof("report", str(tmp_path), "-o", str(tmp_path / "r.html"))
+    result = gpuprof_cli("report", str(tmp_path), "-o", str(tmp_path / "r.html"))
     assert result.returncode == 2
     assert result.stderr.strip() == f"gpuprof report: error: {tmp_path} is not a gpuprof run directory (no meta.json)"
-    result = gpuprof("report", str(sample_root / "baseline"), "--rank", "5", "-o", str(tmp_path / "r.html"))
+    result = gpuprof_cli("report", str(sample_root / "baseline"), "--rank", "5", "-o", str(tmp_path / "r.html"))
     assert result.returncode == 2 and "--rank 5" in result.stderr and len(result.stderr.splitlines()) == 1

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from diagnoses_helpers import STEP_TIME_S, healthy_step
 from filelock import FileLock
 
 from gpuprof.run.reader import load_run
@@ -34,21 +35,8 @@ GPU_META = {
     "compute_dtype": "bf16",
     "config": {},
 }
-STEP_TIME_S = 0.2
 # Beside the checkout (/work/main -> /work/shared/traces), or where GPUPROF_SHARED_TRACES says (a worktree).
 SHARED_TRACES = Path(os.environ.get("GPUPROF_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
-
-
-def healthy_step(step: int) -> dict:
-    """A step of a well-fed A100 run: steady time, half the memory, no retries."""
-    return {
-        "step": step, "rank": 0, "time_unix_s": 1000.0 + STEP_TIME_S * (step + 1),
-        "step_time_s": STEP_TIME_S * (3 if step == 0 else 1), "data_time_s": 0.002,
-        "forward_time_s": 0.06, "backward_time_s": 0.12, "optimizer_time_s": 0.015, "other_time_s": 0.003,
-        "loss": 4.0, "tokens": 8192, "mfu": 0.45, "grad_norm": 1.0, "grad_norm_finite": True,
-        "loss_finite": True, "mem_allocated_bytes": 38 * 2**30, "mem_reserved_bytes": 40 * 2**30,
-        "mem_peak_allocated_bytes": 39 * 2**30, "mem_alloc_retries": 0, "mem_ooms": 0,
-    }
 
 
 def healthy_sample(step: int) -> dict:

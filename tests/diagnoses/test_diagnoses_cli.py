@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
+from processes import gpuprof_cli
 from referencing import Registry, Resource
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
-
-
-def gpuprof(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuprof", *map(str, args)], capture_output=True, text=True,
-                          timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +30,7 @@ def validate(document: dict, schema_id: str, schemas: dict) -> None:
 
 
 def test_analyze_json_follows_the_documented_schema(recorded_runs, schemas):
-    result = gpuprof("analyze", recorded_runs.path("data_delay"), "--json")
+    result = gpuprof_cli("analyze", recorded_runs.path("data_delay"), "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     validate(document, "gpuprof.analyze", schemas)
@@ -46,7 +40,7 @@ def test_analyze_json_follows_the_documented_schema(recorded_runs, schemas):
 
 
 def test_analyze_prints_summary_and_ranked_findings(recorded_runs):
-    result = gpuprof("analyze", recorded_runs.path("data_delay"))
+    result = gpuprof_cli("analyze", recorded_runs.path("data_delay"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Verdict: Bound by input") and "warm-up excluded" in result.stdout
     findings = re.findall(r"^\s+\d+\. (CRITICAL|WARNING|INFO)\s+(\S+):", result.stdout, flags=re.M)
@@ -57,7 +51,7 @@ def test_analyze_prints_summary_and_ranked_findings(recorded_runs):
 
 def test_compare_json_and_text(recorded_runs, schemas):
     baseline, changed = recorded_runs.path("baseline"), recorded_runs.path("host_sync")
-    result = gpuprof("compare", baseline, changed, "--json")
+    result = gpuprof_cli("compare", baseline, changed, "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     validate(document, "gpuprof.compare", schemas)
@@ -65,7 +59,7 @@ def test_compare_json_and_text(recorded_runs, schemas):
     disappeared = [finding["rule"] for finding in document["findings"]["disappeared"]]
     assert "host-device-sync" in appeared  # --host-sync, seen in its trace window
     assert "attention-not-fused" in disappeared  # --attention sdpa
-    text = gpuprof("compare", baseline, changed)
+    text = gpuprof_cli("compare", baseline, changed)
     assert text.returncode == 0 and "+1." in text.stdout and "-1." in text.stdout
 
 
@@ -73,12 +67,12 @@ def test_compare_json_and_text(recorded_runs, schemas):
 def test_bad_run_path_is_one_line_and_exit_2(tmp_path, command):
     missing = tmp_path / "no-such-run"
     args = [missing if word == "MISSING" else word for word in command.split()]
-    result = gpuprof(*args) if "MISSING" in command else gpuprof(*args, missing)
+    result = gpuprof_cli(*args) if "MISSING" in command else gpuprof_cli(*args, missing)
     assert result.returncode == 2
     assert result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and "error" in result.stderr
 
 
 def test_not_a_run_directory_is_one_line_and_exit_2(tmp_path):
-    result = gpuprof("analyze", tmp_path)
+    result = gpuprof_cli("analyze", tmp_path)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1

@@ -13,7 +13,7 @@ from gpuprof.run.reader import load_run
 from gpuprof.run.schema import EventKind
 from gpuprof.run.writer import RunWriter
 
-from conftest import STEP_TIME_S, healthy_step
+from diagnoses_helpers import STEP_TIME_S, healthy_step
 
 
 def second_rank(run, *, status: str = "finished", step=None, events=(), steps: int = 20):

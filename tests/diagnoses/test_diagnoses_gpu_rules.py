@@ -11,19 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from diagnoses_helpers import fired
 
 import gpuprof
 from gpuprof.diagnoses import diagnose
-from gpuprof.diagnoses.context import RunContext
-from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.diagnoses.registry import all_rules
 from gpuprof.diagnoses.rules import memory, throttling, utilization
 from gpuprof.report import build_report
 
 all_rules()
-
-
-def fired(run, rule_id):
-    return RULES[rule_id].findings(RunContext.of(run))
 
 
 def test_healthy_gpu_run_has_no_findings(write_gpu_run):

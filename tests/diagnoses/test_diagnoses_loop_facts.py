@@ -5,10 +5,10 @@ capture writes them. The live loops are in tests/loops (the corpus)."""
 from __future__ import annotations
 
 import pytest
+from diagnoses_helpers import fired
 
 from gpuprof.diagnoses import diagnose
-from gpuprof.diagnoses.context import RunContext
-from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.diagnoses.registry import all_rules
 from gpuprof.diagnoses.rules import dataloader, optimizer
 
 all_rules()
@@ -26,10 +26,6 @@ def loop(**parts) -> dict:
                        "module_types": {"GPT2Block": 2}},
              "optimizer": FUSED_ADAMW, "loader": LOADER, "torch": TORCH_DEFAULTS, "autocast_dtype": "bf16"}
     return {"loop": {**facts, **parts}}
-
-
-def fired(run, rule_id):
-    return RULES[rule_id].findings(RunContext.of(run))
 
 
 def with_data_share(share: float):

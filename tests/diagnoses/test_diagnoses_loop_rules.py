@@ -9,16 +9,12 @@ paired with the healthy loop, where the rule must stay silent.
 from __future__ import annotations
 
 import pytest
+from diagnoses_helpers import fired
 
-from gpuprof.diagnoses.context import RunContext
-from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.diagnoses.registry import all_rules
 from gpuprof.diagnoses.rules import step_time
 
 all_rules()
-
-
-def fired(run, rule_id):
-    return RULES[rule_id].findings(RunContext.of(run))
 
 
 @pytest.mark.parametrize(

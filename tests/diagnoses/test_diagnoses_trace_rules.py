@@ -9,11 +9,12 @@ the shared folder is absent.
 from __future__ import annotations
 
 import pytest
+from diagnoses_helpers import fired
 
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.diagnoses import diagnose
 from gpuprof.diagnoses.context import RunContext
-from gpuprof.diagnoses.registry import RULES, all_rules
+from gpuprof.diagnoses.registry import all_rules
 from gpuprof.diagnoses.rules import communication, host_sync, kernels
 
 all_rules()
@@ -30,10 +31,6 @@ def traced(write_gpu_run, shared_trace):
         return write_gpu_run(meta=meta, samples=False, traces=shared_trace(folder))
 
     return make
-
-
-def fired(run, rule_id):
-    return RULES[rule_id].findings(RunContext.of(run))
 
 
 def test_launch_bound(traced, shared_trace):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from processes import torchrun
 from tiny_gpt2 import BATCH, SEQ, assert_phases_cover_the_steps
 
 import gpuprof
@@ -21,12 +21,6 @@ HERE = Path(__file__).parent
 def gpuprof_run(*args, cwd=None, launcher=(sys.executable, "-m")) -> subprocess.CompletedProcess:
     return subprocess.run([*launcher, "gpuprof", "run", *map(str, args)], capture_output=True, text=True,
                           timeout=300, cwd=cwd)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # The scripts' command lines that tests here also run bare, to compare what they print.
@@ -144,9 +138,7 @@ def test_a_lightning_script_gets_the_callback(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_ranks_share_one_default_run_dir(tmp_path):
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                "127.0.0.1", "--master_port", str(free_port()), "-m")
-    done = gpuprof_run(HERE / "tiny_gpt2.py", "--steps", "3", "--ddp", cwd=tmp_path, launcher=torchrun)
+    done = gpuprof_run(HERE / "tiny_gpt2.py", "--steps", "3", "--ddp", cwd=tmp_path, launcher=(*torchrun(), "-m"))
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("tiny_gpt2-")

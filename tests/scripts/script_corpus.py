@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numerics.numerics_helpers import events
 
 import gpuprof
 
@@ -143,6 +144,13 @@ def run_script(name: str, tmp_path: Path, script_args: list[str], patches=(), en
     if (run_dir / "meta.json").exists() or any(run_dir.glob("*/meta.json")):
         result.run = gpuprof.load_run(run_dir)
     return result
+
+
+def nonfinite_event(result: ScriptRun) -> dict:
+    """The one `nonfinite` event of a script that ran to its end."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    [event] = events(result.run_dir, "nonfinite")
+    return event
 
 
 def assert_recorded(result: ScriptRun, steps: int):

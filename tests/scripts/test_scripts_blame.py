@@ -7,21 +7,13 @@ spike comes inside the model's forward, after the step began, where a loop that 
 from __future__ import annotations
 
 import pytest
-from numerics.numerics_helpers import events
-from script_corpus import run_accelerate_clm, run_lightning_transformer
+from script_corpus import nonfinite_event, run_accelerate_clm, run_lightning_transformer
 
 pytestmark = pytest.mark.slow  # real scripts in child processes
 
 CLM_MODEL = "transformers.models.gpt2.modeling_gpt2:GPT2LMHeadModel"  # what the example's Auto class builds
 LIGHTNING_MODEL = "lightning.pytorch.demos.transformer:Transformer"  # the example's LanguageModel.model
 LR_SPIKE = "corpus_patches:lr_spike"
-
-
-def nonfinite_event(result) -> dict:
-    assert result.returncode == 0, result.stderr[-3000:]
-    [event] = events(result.run_dir, "nonfinite")
-    print(event)
-    return event
 
 
 def test_accelerate_lr_spike_at_batch_64_is_blamed_with_the_lr_of_its_update(tmp_path):

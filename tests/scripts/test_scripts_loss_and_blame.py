@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from numerics.numerics_helpers import events
-from script_corpus import assert_recorded, run_nanogpt
+from script_corpus import assert_recorded, nonfinite_event, run_nanogpt
 
 from gpuprof.analysis.run import summarize
 
@@ -15,11 +14,6 @@ pytestmark = pytest.mark.slow  # real scripts in child processes
 
 BATCH_64 = dict(batch_size=64, block_size=32)
 GPT = "model:GPT"  # nanoGPT's model class, in its model.py
-
-
-def nonfinite_event(result) -> dict:
-    [event] = events(result.run_dir, "nonfinite")
-    return event
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +56,6 @@ def test_an_lr_spike_in_the_first_iteration_is_blamed_at_batch_64(tmp_path):
 def test_an_overflow_in_attention_is_blamed_at_batch_64(tmp_path):
     fault = {"model": GPT, "weight": "transformer.h.0.attn.c_attn.weight", "at_call": 3}
     result = run_nanogpt(tmp_path, patches=[("corpus_patches:attention_overflow", fault)], max_iters=4, **BATCH_64)
-    assert result.returncode == 0, result.stderr[-3000:]
     event = nonfinite_event(result)
     print(event)
     assert (event["step"], event["phase"], event["module"]) == (3, "forward", "transformer.h.0.attn")
@@ -72,7 +65,6 @@ def test_an_overflow_in_attention_is_blamed_at_batch_64(tmp_path):
 def test_a_bad_embedding_row_is_blamed_at_batch_64(tmp_path):
     fault = {"model": GPT, "weight": "transformer.wte.weight", "at_call": 2}
     result = run_nanogpt(tmp_path, patches=[("corpus_patches:bad_embedding_row", fault)], max_iters=3, **BATCH_64)
-    assert result.returncode == 0, result.stderr[-3000:]
     assert summarize(result.run).health["nonfinite_loss_steps"] == 2  # steps 2 and 3
     event = nonfinite_event(result)
     print(event)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
+from processes import torchrun
 from tune_cli import HERE, TUNE_TIMEOUT_S, trials_of
 
 import gpuprof
@@ -20,14 +19,9 @@ import gpuprof
 @pytest.mark.slow
 @pytest.mark.timeout(TUNE_TIMEOUT_S)
 def test_under_torchrun_every_rank_runs_the_same_trials_as_one_world(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(port), "-m"]
     done = subprocess.run(
-        [*torchrun, "gpuprof", "tune", "--json", "--steps", "4", "--only", "gc-freeze", "--out", str(tmp_path / "tune"),
-         str(HERE / "ddp_mlp.py"), "--steps", "100"],
+        [*torchrun(), "-m", "gpuprof", "tune", "--json", "--steps", "4", "--only", "gc-freeze",
+         "--out", str(tmp_path / "tune"), str(HERE / "ddp_mlp.py"), "--steps", "100"],
         capture_output=True, text=True, timeout=TUNE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)  # rank 0 alone prints

@@ -5,13 +5,12 @@ One job trains both (gloo_worker.py)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from processes import torchrun
 
 import gpuprof
 from gpuprof.cli import main
@@ -19,19 +18,12 @@ from gpuprof.cli import main
 SWITCHED_OFF = ("collector_disabled", "profiler_disabled")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gloo_job(tmp_path_factory) -> tuple[Path, str]:
     """The job's folder (its runs and each rank's saved results) and its stdout."""
     out_dir = tmp_path_factory.mktemp("gloo")
     worker = Path(__file__).with_name("gloo_worker.py")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(worker), str(out_dir)]
+    command = [*torchrun(), str(worker), str(out_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
