@@ -5,7 +5,7 @@
     watch.py      forensic mode: module stack, autograd-node owners, the aten-op check
     forensics.py  re-run one step on private copies and return a Blame
     blame.py      the event's fields and how they are printed
-    timeline.py   GradScaler timeline, loss / grad-norm spikes, per-layer gradients
+    detectors.py  GradScaler trouble, loss / grad-norm spikes, per-layer gradient outliers
     bundle.py     replay bundles (weights_only) ; replay.py  `gpuprof replay`'s engine
 
 docs/numerics.md explains how to read a report.

@@ -12,11 +12,11 @@ from typing import Any, Callable
 from gpuprof.modules import is_sharded
 from gpuprof.numerics import bundle
 from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
+from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, oversized_update
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
 from gpuprof.numerics.keeping import StepKeeping
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import VERIFY_EVERY, TapeError, encode_micro_batch
-from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, oversized_update
 from gpuprof.optimizers import members, params_of, params_without_optimizer
 
 logger = logging.getLogger("gpuprof")

@@ -21,13 +21,13 @@ import torch
 
 from gpuprof.modules import eager_model
 from gpuprof.numerics.blame import Blame
+from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
 from gpuprof.numerics.investigation import Investigator
 from gpuprof.numerics.keeping import StepKeeping, absmax_of
 from gpuprof.numerics.options import NumericsOptions
 from gpuprof.numerics.skip import SkipBadUpdates
 from gpuprof.numerics.state import StepInputs, live_tensors
 from gpuprof.numerics.tape import Tape, autocast_now
-from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
 from gpuprof.run.schema import EventKind
 
 _FLAGS = ("loss", "backward_loss", "grads", "params", "optimizer_state", "scaler_overflow")

@@ -18,7 +18,7 @@ from transformers.modeling_outputs import CausalLMOutput
 
 import gpuprof
 from gpuprof.numerics.blame import NOT_REPRODUCED
-from gpuprof.numerics.timeline import PERSISTENT_OVERFLOW_STEPS
+from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS
 from gpuprof.run.schema import BLAME_PHASES, EventKind
 
 VOCAB, WIDTH, SEQ, BATCH = 32, 16, 8, 2

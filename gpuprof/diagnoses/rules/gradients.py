@@ -1,6 +1,6 @@
 """Training dynamics: exploding or vanishing gradients and loss spikes.
 
-Spikes and per-block outliers are defined once, in gpuprof.numerics.timeline: the rules
+Spikes and per-block outliers are defined once, in gpuprof.numerics.detectors: the rules
 take the events the numerics monitor recorded, or replay its detectors over the recorded
 steps and layers when it did not run throughout (see numerics.detector_events).
 """
@@ -13,7 +13,7 @@ from gpuprof.analysis.run.summary import column
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.diagnoses.rules.numerics import detector_events
-from gpuprof.numerics.timeline import LayerGradients, SpikeDetector
+from gpuprof.numerics.detectors import LayerGradients, SpikeDetector
 from gpuprof.run.schema import EventKind
 
 

@@ -13,7 +13,7 @@ from gpuprof.analysis.run.summary import column, flag
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.numerics.blame import Blame
-from gpuprof.numerics.timeline import ScalerTimeline
+from gpuprof.numerics.detectors import ScalerTimeline
 from gpuprof.run import query as q
 from gpuprof.run.schema import BLAME_PHASES, EventKind, bundle_in_run
 

@@ -6,7 +6,7 @@ import torch
 from numerics_helpers import events
 
 import gpuprof
-from gpuprof.numerics.timeline import LayerGradients, SpikeDetector
+from gpuprof.numerics.detectors import LayerGradients, SpikeDetector
 
 
 def _scaled_run(run_dir, scaler: torch.amp.GradScaler, steps: int, poisoned=()):
