@@ -1,17 +1,24 @@
-"""The user's own code: which frames of a stack are the loop's, and how a place in it is named.
+"""The user's own code in Python stacks: which frames are the loop's, how a place in it is named, and
+every thread's stack read from another thread.
 
 User code is every Python file outside the standard library, installed packages (site-packages),
 torch and gpuprof itself (gpuprof's reference workload excepted: under `gpuprof train` that loop is
-the user's). The stack sampler (gpuprof.capture.stack_sampler) and the search for the calls that feed the
-model (gpuprof.capture.producers) both read stacks through here.
+the user's). The stack sampler (gpuprof.capture.stack_sampler), the search for the calls that feed the
+model (gpuprof.capture.producers) and the hang watchdog (gpuprof.capture.watchdog) read stacks through here.
+
+A thread's stack as the watchdog keeps it is a list of frames, outermost first, each {"file", "line",
+"function", "code"}; `where` sums one up as a person would: the innermost frame of the user's own code,
+and what it calls ("read_next_shard (train.py:31): time.sleep(3600)").
 """
 
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import sys
 import sysconfig
+import threading
 from types import CodeType, FrameType
 
 import torch
@@ -25,6 +32,8 @@ _LIBRARY_DIRS = tuple(sorted({
 # Where a package lives wherever it was installed (another environment's site-packages on sys.path)
 _PACKAGE_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 MAX_USER_FRAMES = 8  # the most user frames read from one stack, innermost first
+FRAMES_KEPT = 40  # innermost frames of each thread's stack: a deep recursion must not make an event huge
+_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -59,3 +68,45 @@ def function_site(frame: FrameType, by_line: bool = False) -> tuple[str, str, in
     if by_line or code.co_name == "<module>":
         return name, code.co_filename, int(frame.f_lineno or 0)
     return name, code.co_filename, code.co_firstlineno
+
+
+def frame_list(frame) -> list[dict]:
+    frames = []
+    while frame is not None and len(frames) < FRAMES_KEPT:
+        code, line = frame.f_code, frame.f_lineno  # None while a frame runs an instruction of no line
+        frames.append({"file": code.co_filename, "line": line, "function": code.co_name,
+                       "code": linecache.getline(code.co_filename, line).strip() if line is not None else ""})
+        frame = frame.f_back
+    return frames[::-1]
+
+
+def thread_stacks() -> list[dict]:
+    """Every thread's stack, the main thread first: [{"thread", "main", "daemon", "frames"}]."""
+    threads = {thread.ident: thread for thread in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        thread = threads.get(ident)
+        stacks.append({"thread": thread.name if thread else str(ident), "main": ident == main_ident,
+                       "daemon": bool(thread and thread.daemon), "frames": frame_list(frame)})
+    return sorted(stacks, key=lambda stack: not stack["main"])
+
+
+def main_thread_frames() -> list[dict]:
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return frame_list(frame) if frame is not None else []
+
+
+def where(frames: list[dict]) -> str | None:
+    """The innermost user frame and the line it runs ("read_next_shard (train.py:31): time.sleep(3600)");
+    the innermost frame when the stack holds no user code; None for an empty stack."""
+    if not frames:
+        return None
+    frame = next((f for f in reversed(frames) if is_user_file(f["file"])), frames[-1])
+    text = f"{frame['function']} ({os.path.basename(frame['file'])}:{frame['line']})"
+    return f"{text}: {frame['code']}" if frame["code"] else text
+
+
+def collective_call(frames: list[dict]) -> str | None:
+    """The torch.distributed function (all_reduce, barrier, ...) the stack is in, if any."""
+    return next((f["function"] for f in reversed(frames) if f["file"].endswith(_C10D_FILE)), None)

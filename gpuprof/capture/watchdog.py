@@ -24,7 +24,7 @@ from datetime import timedelta
 
 import torch
 
-from gpuprof.capture import flight, stacks
+from gpuprof.capture import flight, usercode
 from gpuprof.errors import GpuprofError
 from gpuprof.modules import initialized
 from gpuprof.run.schema import EventKind
@@ -207,11 +207,11 @@ class HangWatchdog:
 
     def _beat(self) -> dict:
         step, started, started_unix_s = self._step
-        frames = stacks.main_thread_frames()
+        frames = usercode.main_thread_frames()
         return {
             "rank": self._prof.ranks.rank, "pid": os.getpid(), "status": self._status, "time_unix_s": time.time(),
             "step": step, "step_started_unix_s": started_unix_s, "stalled_s": time.monotonic() - started,
-            "phase": self._prof.current_phase(), "where": stacks.where(frames),
+            "phase": self._prof.current_phase(), "where": usercode.where(frames),
             "collectives": self._group._get_sequence_number_for_group() if self._group is not None else None,
             "step_collectives": [list(pair) for pair in tuple(self._step_collectives)],  # copied at once: the loop appends
             "collective": self._collective(frames),
@@ -223,7 +223,7 @@ class HangWatchdog:
         gradient bucket launched this step; without a recorder, that call or bucket alone."""
         if self._group is None:
             return None
-        call = stacks.collective_call(frames)
+        call = usercode.collective_call(frames)
         arrival = next((c.arrival_unix_s for c in self._prof.collectors if hasattr(c, "arrival_unix_s")), None)
         guess = {"kind": call or "all_reduce", "since_unix_s": None if call else arrival}
         waiting = flight.waiting_on(str(torch.distributed.get_backend()))
@@ -233,7 +233,7 @@ class HangWatchdog:
 
     def _stacks_payload(self, request: int) -> dict:
         """Every thread's stack, and the Flight Recorder's entries: the last ones, and the one in flight."""
-        payload = {"request": request, "stacks": stacks.thread_stacks(), "flight_recorder": [], "collective": None}
+        payload = {"request": request, "stacks": usercode.thread_stacks(), "flight_recorder": [], "collective": None}
         if self._group is not None:
             entries, completed = flight.read(str(torch.distributed.get_backend()))
             payload["flight_recorder"] = flight.recent(entries)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-from gpuprof.capture.stacks import frame_list
+from gpuprof.capture.usercode import frame_list
 
 
 def test_a_frame_without_a_line_number_is_listed_without_code():
