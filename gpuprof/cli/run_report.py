@@ -21,14 +21,13 @@ def verdict_lines(verdict) -> list[str]:
 
 def stopped_lines(report) -> list[str]:
     """The ranks that never finished and the hangs the watchdog recorded (none for a run that finished)."""
-    from gpuprof.analysis.run.ranks import never_finished
-    from gpuprof.diagnoses.rules.failure import describe_outcome
+    from gpuprof.analysis.run.ranks import never_finished, outcome_text
 
     lines = []
     stopped = never_finished(report.rank_outcomes) if not report.rank_outcomes.empty else report.rank_outcomes
     if not stopped.empty:
         lines.append(f"  ranks       {len(stopped)} of {len(report.rank_outcomes)} never finished:")
-        lines += [f"              {describe_outcome(row)}" for row in stopped.head(PER_RANK_LINES_MAX).to_dict(orient="records")]
+        lines += [f"              {outcome_text(row)}" for row in stopped.head(PER_RANK_LINES_MAX).to_dict(orient="records")]
     hangs = report.hangs[~report.hangs["ended"]] if not report.hangs.empty else report.hangs
     for row in hangs.drop_duplicates("message").head(PER_RANK_LINES_MAX).to_dict(orient="records"):
         lines.append(f"  hang        step {row['step']:.0f}, seen by rank {row['rank']}: {row['message']}")

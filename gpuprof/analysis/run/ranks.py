@@ -56,6 +56,14 @@ def never_finished(outcomes: pd.DataFrame) -> pd.DataFrame:
     return outcomes[outcomes["status"].isin(("failed", "incomplete"))]
 
 
+def outcome_text(row: dict) -> str:
+    """How a rank that never finished ended, for people (a row of `rank_outcomes`)."""
+    step = f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
+    if row["status"] == "failed":
+        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'})"
+    return f"rank {row['rank']} stopped {step} with no traceback (killed outside Python: SIGKILL, the OOM killer)"
+
+
 def hangs(run) -> pd.DataFrame:
     """The `hang` events, oldest first; `ended`: the rank's step went on afterwards (a `hang_ended`);
     `stacks`: {rank: its main thread's stack as text} of the ranks the event holds stacks of."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.ranks import never_finished
+from gpuprof.analysis.run.ranks import never_finished, outcome_text
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
@@ -42,7 +42,7 @@ def ranks_never_finished(ctx):
     if stopped.empty:
         return None
     first = stopped.sort_values("last_seen_unix_s", na_position="first").iloc[0]
-    described = [describe_outcome(row) for row in stopped.head(EVIDENCE_RANKS).to_dict(orient="records")]
+    described = [outcome_text(row) for row in stopped.head(EVIDENCE_RANKS).to_dict(orient="records")]
     return Finding(
         rule="ranks-never-finished",
         severity="critical",
@@ -57,10 +57,3 @@ def ranks_never_finished(ctx):
              "saw the failure; without one the process was killed outside Python (the kernel's OOM killer: "
              "`dmesg`, or a SIGKILL), and the ranks after it were stopped by torchrun."),
     )
-
-
-def describe_outcome(row: dict) -> str:
-    step = f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
-    if row["status"] == "failed":
-        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'})"
-    return f"rank {row['rank']} stopped {step} with no traceback (killed outside Python: SIGKILL, the OOM killer)"
