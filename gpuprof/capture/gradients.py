@@ -41,7 +41,7 @@ from torch.amp.grad_scaler import OptState
 
 from gpuprof.capture import clipping
 from gpuprof.capture.distributed import ShardReduction
-from gpuprof.capture.lazy import all_finite, read_if_host
+from gpuprof.capture.pending import all_finite, read_if_host
 from gpuprof.capture.trace import own_work
 from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor
