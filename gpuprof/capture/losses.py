@@ -52,10 +52,12 @@ class BackwardLosses:
         if not _listeners:
             _uninstall()
 
-    def take(self) -> torch.Tensor | None:
-        """The step's loss (None when no backward pass took one); the next step starts from zero."""
-        loss, self._sum, self.count = self._sum, None, 0
-        return loss
+    def take(self, given: object = None) -> torch.Tensor | None:
+        """The step's loss (None when no backward pass took one, or when it is the very tensor `given`:
+        the loop's own `prof.step(loss=loss)` after one `loss.backward()`, whose value is then watched
+        once); the next step starts from zero."""
+        loss, self._sum, passes, self.count = self._sum, None, self.count, 0
+        return None if passes == 1 and _same_element(loss, given) else loss
 
     @contextlib.contextmanager
     def paused(self):
@@ -80,6 +82,13 @@ class _Scaled:
     loss: torch.Tensor | None = None
 
 
+def _same_element(loss: torch.Tensor | None, given: object) -> bool:
+    """Whether `given` is a one-element tensor holding the very element `loss` views (the same memory, so the
+    same value at every moment)."""
+    return (isinstance(given, torch.Tensor) and loss is not None and given.numel() == 1
+            and given.dtype == loss.dtype and given.data_ptr() == loss.data_ptr() and given.device == loss.device)
+
+
 def _loss_of(tensors) -> torch.Tensor | None:
     tensor = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
     if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or torch._C._current_autograd_node() is not None:
@@ -87,7 +96,10 @@ def _loss_of(tensors) -> torch.Tensor | None:
     if _Scaled.output is not None and _Scaled.output() is tensor:
         tensor = _Scaled.loss
     _Scaled.output = _Scaled.loss = None
-    return tensor.detach().float().reshape(())
+    loss = tensor.detach()  # a float32 0-d loss, the usual one, as a view of itself: one op per backward pass
+    if loss.dtype != torch.float32:
+        loss = loss.float()
+    return loss if loss.dim() == 0 else loss.reshape(())
 
 
 def _take(tensors) -> None:

@@ -45,8 +45,11 @@ def one_loss(loss: Any) -> torch.Tensor | float | None:
                  for term in map(one_loss, loss) if term is not None]
         return read_if_host(sum(terms[1:], terms[0])) if terms else None
     if isinstance(loss, torch.Tensor):
-        loss = loss.detach()
-        return read_if_host(loss.reshape(()) if loss.numel() == 1 else loss.float().sum())
+        if loss.numel() != 1:
+            return read_if_host(loss.detach().float().sum())
+        if loss.is_cpu:
+            return loss.item()  # the loss a loop passes, every step: one op, not three
+        return loss.detach() if loss.dim() == 0 else loss.detach().reshape(())
     if isinstance(loss, numbers.Real):
         return float(loss)
     return None

@@ -358,7 +358,7 @@ class Profiler:
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
         if self._backward is not None and self.phase_hooks.backward_unfinished:
             self._backward.attach()  # the parameters it kept watching were not reached this step
-        backward_loss = self._losses.take()
+        backward_loss = self._losses.take(loss)
         given = loss is not None
         loss = loss if given else backward_loss
         state = StepState(step=self.step_index, loss=one_loss(loss), tokens=tokens, batch=batch,
