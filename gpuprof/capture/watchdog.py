@@ -27,6 +27,7 @@ import torch
 from gpuprof.capture import flight, usercode
 from gpuprof.errors import GpuprofError
 from gpuprof.modules import initialized
+from gpuprof.run.jsonable import encodable
 from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
@@ -74,10 +75,10 @@ class HeartbeatBoard:
         self.store, self.world_size = store, world_size
 
     def publish(self, rank: int, beat: dict) -> None:
-        self.store.set(f"beat/{rank}", json.dumps(beat, default=str))
+        self.store.set(f"beat/{rank}", json.dumps(beat, default=encodable))
 
     def post_stacks(self, rank: int, payload: dict) -> None:
-        self.store.set(f"stacks/{rank}", json.dumps(payload, default=str))
+        self.store.set(f"stacks/{rank}", json.dumps(payload, default=encodable))
 
     def request_dump(self) -> int:
         return self.store.add("dump", 1)
