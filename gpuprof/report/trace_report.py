@@ -62,6 +62,7 @@ class TraceReport:
     # A bare trace, not a gpuprof run: presenters say what only a run records (steps, NVML, numerics).
     bare_trace = True
     run = None
+    host_load = None  # a trace records no system samples
     blames = blame_chain = pd.DataFrame()
 
     @property

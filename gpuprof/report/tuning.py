@@ -26,9 +26,14 @@ def trial_rows(result: dict) -> list[tuple[str, ...]]:
         trial_label(trial),
         f"{trial['estimate']:.2f}× ({trial['rule']})" if trial.get("estimate") else (trial.get("rule") or MISSING),
         fmt_interval(speedup, "×", brief=True) if (speedup := speedup_of(trial)) else MISSING,
-        trial.get("effect") or MISSING, (trial.get("parity") or {}).get("status", MISSING),
+        effect_text(trial), (trial.get("parity") or {}).get("status", MISSING),
         trial.get("verdict") or MISSING, trial["status"] + (f": {trial['error']}" if trial.get("error") else ""),
     ) for trial in result["trials"]]
+
+
+def effect_text(trial: dict) -> str:
+    effect = trial.get("effect") or MISSING
+    return f"{effect} (under another host load: not counted)" if trial.get("host_load_differed") else effect
 
 
 def text_lines(result: dict) -> dict[str, list[str]]:

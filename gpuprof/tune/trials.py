@@ -24,6 +24,7 @@ from typing import Callable
 from gpuprof.analysis.run.stats import Interval, TooFewStepsError, loss_diverges, loss_shift_interval, speedup_interval
 from gpuprof.diagnoses.knob import all_knobs
 from gpuprof.errors import GpuprofError
+from gpuprof.report.contract import host_load_difference
 
 # A gain (or loss) counts once its whole interval clears 1 and its point is at least this far from it:
 # the ±5 % interval tune aims for does not tell smaller effects from the machine's drift.
@@ -107,6 +108,8 @@ class Trial:
     # the finding behind the knob: its rule, and the speedup its expected gain amounts to
     rule: str | None = None
     estimate: float | None = None
+    # other processes took a different share of the host's CPUs in the trial and in a baseline beside it
+    host_load_differed: bool = False
 
     @property
     def effect(self) -> str | None:
@@ -115,7 +118,8 @@ class Trial:
 
     @property
     def helped(self) -> bool:
-        return self.effect == "faster" and self.parity.get("status") != "diverged"
+        """Faster with its numerics intact, measured under the load its baselines had."""
+        return self.effect == "faster" and self.parity.get("status") != "diverged" and not self.host_load_differed
 
     @property
     def estimate_miss(self) -> float | None:
@@ -141,6 +145,7 @@ class Trial:
             "speedup": self.speedup.to_dict() if self.speedup else None, "effect": self.effect,
             "rule": self.rule, "estimate": self.estimate, "estimate_miss": self.estimate_miss,
             "parity": self.parity, "verdict": self.verdict, "edits": self.edits,
+            "host_load_differed": self.host_load_differed,
         }
 
 
@@ -268,6 +273,18 @@ def bracket(trial: Trial, report, before, after) -> None:
     points = [interval.point for interval in intervals]
     trial.speedup = Interval(math.prod(points) ** (1 / len(points)), min(i.low for i in intervals),
                              max(i.high for i in intervals), intervals[0].confidence)
+
+
+def host_load_note(trial: Trial, report, baselines) -> str | None:
+    """Why the trial's figure cannot count as a gain when its host load differed from a baseline report's beside
+    it (gpuprof.report.contract.host_load_difference); marks the trial."""
+    for baseline in (run for run in baselines if run is not None):
+        difference = host_load_difference(baseline.host_load, report.host_load)
+        if difference is not None:
+            trial.host_load_differed = True
+            return (f"{trial.name} and a baseline beside it ran under different loads ({difference.a} against "
+                    f"{difference.b} in the trial): its figure is not counted as a gain; tune again on a quiet machine")
+    return None
 
 
 def parity(baseline, report) -> dict:

@@ -30,7 +30,9 @@ from gpuprof.errors import GpuprofError
 from gpuprof.run.jsonable import json_safe
 from gpuprof.run.writer import write_json_atomic
 from gpuprof.tune.edits import diff_of
-from gpuprof.tune.trials import Trial, WorkloadTarget, await_file, bracket, effect_of, launch, read
+from gpuprof.tune.trials import (
+    Trial, WorkloadTarget, await_file, bracket, effect_of, host_load_note, launch, read,
+)
 
 PILOT_STEPS = 20
 MAX_STEPS = 200
@@ -224,8 +226,11 @@ def _run(target, trial: Trial, baselines: _Baselines, extra=()) -> Trial:
     if trial.status == "measured" and not isinstance(target, WorkloadTarget) and trial.knobs and not trial.edits:
         trial.status = "nothing to change"
     if trial.status == "measured":
-        before = baselines.latest
-        bracket(trial, report, before, baselines.rerun_after(trial))
+        before, after = baselines.latest, baselines.rerun_after(trial)
+        bracket(trial, report, before, after)
+        note = host_load_note(trial, report, (before, after))
+        if note is not None:
+            baselines.result.notes.append(note)
     progress(f"trial {trial.name}: {trial.status}"
              + (f", {trial.speedup.point:.2f}x ({trial.speedup.low:.2f}-{trial.speedup.high:.2f})" if trial.speedup else ""))
     return trial

@@ -4,6 +4,7 @@ processes beside them."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from gpuprof.analysis.run.host_load import HostLoad
 from gpuprof.report import build_report, compare
 from gpuprof.report.comparison import contract_lines
 from gpuprof.report.contract import host_load_difference
+from gpuprof.report.tuning import effect_text
+from gpuprof.tune.trials import Trial, host_load_note
 
 # Busy for 60 s at most: one left behind by a killed test stops by itself.
 SPIN = [sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"]
@@ -81,13 +84,26 @@ def test_a_run_beside_busy_processes_is_told_it_competed_for_its_cores(contended
     assert "host-contention" not in report.verdict.next_step
 
 
+QUIET = HostLoad(cpu_count=CPUS, samples=10, other_cpu_cores=0.0, saturated_pct=0.0, slow_steps_other_cpu_cores=0.0,
+                 slow_steps_saturated_pct=0.0, other_steps_other_cpu_cores=0.0)
+
+
 def test_a_comparison_lists_a_difference_in_host_load(contended):
     report = build_report(contended[0])
     assert not any(line.startswith("host load") for line in contract_lines(compare(report, report)))
-    quiet = HostLoad(cpu_count=CPUS, samples=10, other_cpu_cores=0.0, saturated_pct=0.0,
-                     slow_steps_other_cpu_cores=0.0, slow_steps_saturated_pct=0.0, other_steps_other_cpu_cores=0.0)
+    quiet = QUIET
     difference = host_load_difference(quiet, report.host_load)
     assert difference.text.startswith(f"host load: A 0.0 of {CPUS} CPUs taken by other processes, B ")
     assert not difference.blocks
     assert host_load_difference(quiet, None) is None  # neither competed, as far as was recorded
     assert "(not recorded)" in host_load_difference(None, report.host_load).a
+
+
+def test_tune_counts_no_gain_from_a_trial_run_under_another_load(contended):
+    report = build_report(contended[0])
+    trial = Trial("tf32", ("tf32",), str(contended[0]), status="measured")
+    assert host_load_note(trial, report, (report, None)) is None and not trial.host_load_differed
+    note = host_load_note(trial, report, (dataclasses.replace(report, host_load=QUIET), None))
+    assert note.startswith(f"tf32 and a baseline beside it ran under different loads (0.0 of {CPUS} CPUs taken")
+    assert trial.host_load_differed and not trial.helped
+    assert effect_text(trial.to_dict()).endswith("(under another host load: not counted)")
