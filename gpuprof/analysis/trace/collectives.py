@@ -19,7 +19,7 @@ from gpuprof.analysis.trace.classify import (
     C10D_OP_RE, COLLECTIVE_KINDS, CPU_COLLECTIVE_RE, GLOO_WORK_RE, PROFILER_STEP_RE, collective_kind, map_categories,
     matches,
 )
-from gpuprof.analysis.trace.events import device_events, profiler_steps, spans
+from gpuprof.analysis.trace.events import kernel_type_spans, profiler_steps, spans
 from gpuprof.analysis.trace.loader import Trace
 
 COLUMNS = ["rank", "collective", "count", "steps", "time_us", "exposed_us", "overlap_pct"]
@@ -45,10 +45,9 @@ def collective_times(trace: Trace) -> pd.DataFrame:
 
 
 def _device_work(events: pd.DataFrame):
-    device = device_events(events)
-    communication = device[device["kernel_type"].eq("communication").to_numpy()]
+    communication = events[events["kernel_type"].eq("communication").to_numpy()]
     kinds = map_categories(communication["name"], collective_kind, COLLECTIVE_KINDS)
-    return communication, kinds, spans(device[device["kernel_type"].eq("computation").to_numpy()])
+    return communication, kinds, kernel_type_spans(events, "computation")
 
 
 def _host_work(events: pd.DataFrame):

@@ -13,9 +13,18 @@ from gpuprof.analysis.trace.loader import RankTrace, Trace
 HOST_STEP_KINDS = ("user_annotation", "cpu_op")
 
 
-def spans(events: pd.DataFrame) -> np.ndarray:
-    """The [ts_us, end_us) intervals of `events`, for gpuprof.analysis.intervals."""
-    return np.column_stack([events["ts_us"].to_numpy(), events["end_us"].to_numpy()])
+def spans(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
+    """The [ts_us, end_us) intervals of `events`, or of its `rows` (a boolean mask), for gpuprof.analysis.intervals."""
+    starts, ends = events["ts_us"].to_numpy(), events["end_us"].to_numpy()
+    if rows is not None:
+        starts, ends = starts[rows], ends[rows]
+    return np.column_stack([starts, ends])
+
+
+def kernel_type_spans(events: pd.DataFrame, kernel_type: str) -> np.ndarray:
+    """The intervals of the device events of one of HTA's kernel types (host events have none),
+    selected without copying the frame."""
+    return spans(events, events["kernel_type"].eq(kernel_type).to_numpy())
 
 
 def device_events(events: pd.DataFrame) -> pd.DataFrame:

@@ -8,8 +8,8 @@ import pandas as pd
 
 from gpuprof.analysis import intervals
 from gpuprof.analysis.trace import nesting
-from gpuprof.analysis.trace.classify import TENSOR_CORE_RE, matches
-from gpuprof.analysis.trace.events import device_events, spans
+from gpuprof.analysis.trace.classify import TENSOR_CORE_RE
+from gpuprof.analysis.trace.events import device_events, kernel_type_spans
 from gpuprof.analysis.trace.loader import Trace
 
 # HTA's order, which also names the overlaps ("computation overlapping communication").
@@ -35,8 +35,7 @@ def _mask_label(mask: int) -> str:
 
 
 def _type_split(rank: int, events: pd.DataFrame) -> pd.DataFrame:
-    device = device_events(events)
-    sets = [spans(device[device["kernel_type"].eq(t).to_numpy()]) for t in SPLIT_TYPES]
+    sets = [kernel_type_spans(events, t) for t in SPLIT_TYPES]
     segments, masks = intervals.membership_segments(sets)
     if len(segments) == 0:
         return pd.DataFrame(columns=TYPE_COLUMNS)
@@ -95,19 +94,22 @@ def _launching_ops(tree) -> pd.Series:
 def _kernel_stats(device: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Count and time per group of `keys`, tensor-core use (by name), and duration-weighted blocks per SM
     and achieved occupancy over the kernels that record them (NaN where none does)."""
-    recorded = {column: device[column].notna().to_numpy() * device["dur_us"].to_numpy()
-                for column in OCCUPANCY_COLUMNS}
-    frame = device[[*keys, "dur_us"]].assign(
-        **{f"{column}_weight": weight for column, weight in recorded.items()},
-        **{f"{column}_weighted": device[column].fillna(0).to_numpy() * weight for column, weight in recorded.items()})
-    grouped = frame.groupby(keys, observed=True)
+    dur = device["dur_us"].to_numpy()
+    columns = {key: device[key].array for key in keys} | {"dur_us": dur}
+    for column in OCCUPANCY_COLUMNS:
+        values = device[column].to_numpy()
+        recorded = ~np.isnan(values)
+        columns[f"{column}_weight"] = recorded * dur
+        columns[f"{column}_weighted"] = np.where(recorded, values, 0) * columns[f"{column}_weight"]
+    grouped = pd.DataFrame(columns, copy=False).groupby(keys, observed=True)
     stats = grouped["dur_us"].agg(count="count", total_us="sum", mean_us="mean", max_us="max", min_us="min")
-    sums = grouped[[c for c in frame.columns if c.endswith(("_weight", "_weighted"))]].sum()
+    sums = grouped[list(columns)[len(keys) + 1:]].sum()
     for column, label in OCCUPANCY_COLUMNS.items():
-        weight = sums[f"{column}_weight"]
-        stats[label] = (sums[f"{column}_weighted"] / weight.where(weight > 0)).round(2)
+        weight = sums[f"{column}_weight"].to_numpy()
+        stats[label] = np.round(sums[f"{column}_weighted"].to_numpy() / np.where(weight > 0, weight, np.nan), 2)
     stats = stats.reset_index()
     stats["name"] = stats["name"].astype(str)
     stats["mean_us"] = stats["mean_us"].round(2)
-    stats["tensor_cores"] = matches(stats["name"], TENSOR_CORE_RE)
+    # The rows are distinct kernels already, which matches() would first factorize.
+    stats["tensor_cores"] = np.array([bool(TENSOR_CORE_RE.search(name)) for name in stats["name"]], dtype=bool)
     return stats

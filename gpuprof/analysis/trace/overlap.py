@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analysis import intervals
-from gpuprof.analysis.trace.events import device_events, spans
+from gpuprof.analysis.trace.events import kernel_type_spans
 from gpuprof.analysis.trace.loader import Trace
 
 COLUMNS = ["rank", "communication_time_us", "overlapped_time_us", "comm_comp_overlap_pct"]
@@ -16,11 +16,10 @@ COLUMNS = ["rank", "communication_time_us", "overlapped_time_us", "comm_comp_ove
 def comm_comp_overlap(trace: Trace) -> pd.DataFrame:
     rows = []
     for rank, rank_trace in trace.ranks.items():
-        device = device_events(rank_trace.events)
-        communication = spans(device[device["kernel_type"].eq("communication").to_numpy()])
+        communication = kernel_type_spans(rank_trace.events, "communication")
         if len(communication) == 0:
             continue
-        computation = spans(device[device["kernel_type"].eq("computation").to_numpy()])
+        computation = kernel_type_spans(rank_trace.events, "computation")
         comm_time = intervals.total_length(communication)
         overlapped = intervals.total_length(intervals.intersect(communication, computation))
         pct = round(100 * overlapped / comm_time, 2) if comm_time else np.nan

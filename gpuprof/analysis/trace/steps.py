@@ -35,7 +35,7 @@ def _category_sets(events: pd.DataFrame) -> list[np.ndarray]:
         "dataloader": host & matches(events["name"], DATALOADER_RE),
         "cpu_exec": kind.eq("cpu_op").to_numpy(),
     }
-    return [spans(events[masks[c]]) for c in CATEGORIES]
+    return [spans(events, masks[c]) for c in CATEGORIES]
 
 
 def _rank_steps(rank: int, rank_trace) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from gpuprof.analysis import intervals
-from gpuprof.analysis.trace.events import device_events, spans
+from gpuprof.analysis.trace.events import kernel_type_spans, spans
 from gpuprof.analysis.trace.loader import Trace
 
 COLUMNS = [
@@ -34,14 +34,12 @@ def temporal_breakdown(trace: Trace) -> pd.DataFrame:
 
 
 def _rank_row(rank: int, events: pd.DataFrame) -> dict | None:
-    device = device_events(events)
-    busy = intervals.merge(spans(device))
+    busy = intervals.merge(spans(events, events["is_device"].to_numpy()))
     if len(busy) == 0:
         return None
     kernel_time = int(busy[-1, 1] - busy[0, 0])
     idle = kernel_time - int(intervals.total_length(busy))
-    computation = device[device["kernel_type"].eq("computation").to_numpy()]
-    compute = int(intervals.total_length(spans(computation)))
+    compute = int(intervals.total_length(kernel_type_spans(events, "computation")))
     return {
         "rank": rank,
         "idle_time_us": idle,
