@@ -272,11 +272,15 @@ def sites_text(sites: pd.DataFrame, phase: str) -> str:
 
 
 def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
-    """The fix of the top finding about this bound, else the usual first moves the loop does not make yet."""
-    finding = next((f for f in findings if f.category == bound and f.rule not in ABOUT_MEASURING), None)
-    if finding is not None:
-        return f"{finding.fix} (finding {finding.rule})"
+    """The fix of the top warning about this bound, else the usual first moves the loop does not make yet, else
+    the fix of an information-only finding about it (one below its rule's threshold: a small share)."""
+    about = [f for f in findings if f.category == bound and f.rule not in ABOUT_MEASURING]
+    warning = next((f for f in about if f.severity != "info"), None)
+    if warning is not None:
+        return fix_of(warning)
     levers = loop_levers(bound, meta)
+    if not levers and about:
+        return fix_of(about[0])
     if levers is None:
         return NEXT_STEPS[bound]
     if bound == "host":
@@ -285,6 +289,10 @@ def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
         return ("The usual levers are in place (autocast, fused attention and optimizer, torch.compile): a larger "
                 "micro-batch while memory allows, then the slowest kernels of a trace window (gpuprof trace).")
     return f"Make the compute cheaper: {', '.join(levers)}; then a larger micro-batch while memory allows."
+
+
+def fix_of(finding) -> str:
+    return f"{finding.fix} (finding {finding.rule})"
 
 
 def loop_levers(bound: str, meta: dict | None) -> list[str] | None:

@@ -5,6 +5,7 @@ figures, never on live timing)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 from analysis_trace.conftest import TraceBuilder
@@ -191,3 +192,15 @@ def test_host_levers_and_measuring_findings(gpu_device):
     warmup = Finding(rule="warmup-pollution", severity="info", title="", fix="Leave the first step out",
                      category="host")
     assert verdict.next_step("host", [warmup], compiled).startswith("Cut host work per step: CUDA graphs")
+
+
+def test_an_information_only_finding_is_the_next_step_only_once_the_usual_levers_are_taken():
+    """A for-loop SGD at 1 % of the step (below unfused-optimizer's threshold: info) is not what to do first
+    while the loop has not compiled; once it has, it is."""
+    small = Finding(rule="unfused-optimizer", severity="info", title="", fix="torch.optim.SGD(..., fused=True)",
+                    category="compute")
+    loop = {**SDPA_FUSED_LOOP, "optimizer": {"class": "SGD", "fused": False, "fused_supported": True}}
+    assert verdict.next_step("compute", [small], {"loop": loop}).startswith("Make the compute cheaper: a fused optimizer")
+    compiled = {**loop, "model": {**loop["model"], "compiled": True}, "optimizer": SDPA_FUSED_LOOP["optimizer"]}
+    assert verdict.next_step("compute", [small], {"loop": compiled}) == "torch.optim.SGD(..., fused=True) (finding unfused-optimizer)"
+    assert verdict.next_step("compute", [replace(small, severity="warning")], {"loop": loop}).startswith("torch.optim.SGD")
