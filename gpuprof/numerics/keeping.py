@@ -47,7 +47,7 @@ class StepKeeping:
 
     def start(self, device: torch.device, undo_updates: bool = False) -> None:
         """`undo_updates`: on_nonfinite="skip", which restores the state from a copy made every step."""
-        model = eager_model(self.model)
+        model = self._eager = eager_model(self.model)  # once: looking through wrappers raises AttributeErrors
         self._names = param_names(model)  # once: the per-step path only looks names up
         self._param_names = frozenset(self._names.values())
         self._weights = _WeightSample(model, device, self._state_interval)
@@ -87,7 +87,7 @@ class StepKeeping:
         return isinstance(self.keeper, ConditionalKeeper)
 
     def begin(self, step: int) -> StepInputs:
-        model = eager_model(self.model)
+        model = self._eager
         other = self._device_keeping(self._prepare_device_copy, model, step) if self.on_device else {}
         every_step = isinstance(self.keeper, StateKeeper) and not self.lazily  # also after a fallback
         if every_step:
@@ -180,7 +180,7 @@ class StepKeeping:
         placement = self.placement_at(inputs.step)
         if placement is not None and not placement.kept:
             return  # over the memory budget: the event says so
-        model = eager_model(self.model)
+        model = self._eager
         inputs.other_device = self._refresh_keeper(model, inputs.step, unread_steps=False)
         if self._whole_state(inputs.step):
             inputs.non_tensor = non_tensor_optimizer_state(model, self.optimizer, self._names)  # with the tensors
@@ -294,21 +294,28 @@ class _WeightSample:
 
     What oversized_update compares from step to step; an oversized update moves every element
     it reaches. Where no copy of the state is kept (keep_state "when_bad", the CPU default), a
-    pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views are made once
-    and re-made every `refresh_steps` steps (a weight replaced in between is seen late), so a
-    step costs three small ops. NumPy views of the weights were tried on the CPU: their code,
+    pass over every weight would cost 11-63 ms a step for GPT-2 124M. The views, and the buffer they
+    are copied into, are made once and re-made every `refresh_steps` steps (a weight replaced in
+    between is seen late), so a step costs three small ops and no allocation. NumPy views of the weights were tried on the CPU: their code,
     which the loop itself never runs, is cold at every step and cost about four times as much.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, refresh_steps: int):
         self._model, self._device, self._refresh_steps = model, device, refresh_steps
         self._views: list[torch.Tensor] | None = None
+        self._sample: torch.Tensor | None = None  # the views' elements, copied: None without any
 
     def absmax(self, step: int) -> torch.Tensor:
         if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
-            weights = _local([p.detach() for p in self._model.parameters()])
-            self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
-                           if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
-        if not self._views:
+            self._sample = self._new_sample()
+        elif self._sample is not None:
+            torch.cat(self._views, out=self._sample)
+        if self._sample is None:
             return torch.zeros((), device=self._device)
-        return torch.cat(self._views).abs_().max()  # NaN propagates; read with the step record
+        return self._sample.abs_().max()  # NaN propagates; read with the step record
+
+    def _new_sample(self) -> torch.Tensor | None:
+        weights = _local([p.detach() for p in self._model.parameters()])
+        self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
+                       if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
+        return torch.cat(self._views) if self._views else None
