@@ -38,8 +38,7 @@ def host_events(events: pd.DataFrame) -> pd.DataFrame:
 
 def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     """Host `ProfilerStep#N` events, one per step number (the first if repeated), in time order."""
-    candidates = events[events["kind"].isin(HOST_STEP_KINDS).to_numpy()]
-    candidates = candidates[matches(candidates["name"], PROFILER_STEP_RE)]
+    candidates = events[events["kind"].isin(HOST_STEP_KINDS).to_numpy() & matches(events["name"], PROFILER_STEP_RE)]
     step = candidates["name"].astype(str).str.extract(PROFILER_STEP_RE.pattern, expand=False)
     steps = candidates.assign(step=step.astype(np.int64))
     return steps.sort_values("ts_us", kind="stable").drop_duplicates("step").reset_index(drop=True)
