@@ -36,7 +36,7 @@ def one_loss(loss: Any) -> torch.Tensor | float | None:
     elements (a loss per term, or per sample) and a dict, list or tuple of losses count as their float32
     sum, non-finite when any term is; a one-element tensor as a 0-d one; a model output by its `.loss`.
     None for what holds no number. A device tensor stays on the device (no sync)."""
-    if hasattr(loss, "loss") and not isinstance(loss, torch.Tensor):
+    if not isinstance(loss, torch.Tensor) and hasattr(loss, "loss"):
         loss = loss.loss  # a Hugging Face ModelOutput is a Mapping of logits too: its loss is the loss
     if isinstance(loss, Mapping):
         loss = list(loss.values())
