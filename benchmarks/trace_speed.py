@@ -155,6 +155,9 @@ def main() -> int:
     if not have_hta:
         print(f"HTA not measured: {args.hta_python} not found (see this script's docstring)")
 
+    if not any((args.traces / name).is_dir() for name in REAL_TRACES):
+        print(f"no shared traces in {args.traces} (pass --traces or set GPUPROF_SHARED_TRACES)")
+        return 2
     work = Path(tempfile.mkdtemp(prefix="gpuprof-trace-bench-"))
     cases = [(name, args.traces / name, count_events(args.traces / name), True)
              for name in REAL_TRACES if (args.traces / name).is_dir()]
