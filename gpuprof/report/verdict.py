@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from gpuprof.analysis.run.hotspots import top_sites
+from gpuprof.analysis.run.hotspots import MIN_PHASE_SAMPLES, phase_samples, top_sites
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.loopfacts import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
@@ -50,6 +50,8 @@ WHAT = {
     "communication": "communication not hidden behind compute",
     "memory": "copying and setting memory",
 }
+# Without a device nothing waits for launches: the host bound is the loop's Python outside the model.
+WHAT_ON_CPU = {**WHAT, "host": "host work outside the model's forward, backward and optimizer step"}
 # The usual first moves per bound; for compute and host, those the loop already makes are left out
 # where its `loop` facts were recorded (loop_levers).
 NEXT_STEPS = {
@@ -257,7 +259,8 @@ def missing_signal(summary, shares: dict) -> str | None:
 
 def measured(bound: str, share_pct: float, source: str, findings: list, meta: dict | None,
              sites: pd.DataFrame | None = None) -> Verdict:
-    why = f"{WHAT[bound].capitalize()}: {fmt_share(share_pct)} of step time ({source})"
+    what = (WHAT if primary_device(meta or {}).get("kind") == "cuda" else WHAT_ON_CPU)[bound]
+    why = f"{what[0].upper()}{what[1:]}: {fmt_share(share_pct)} of step time ({source})"
     where = sites_text(sites, BOUND_PHASES[bound]) if sites is not None and bound in BOUND_PHASES \
         and source == "phase timings" else ""
     why += f"; {where}." if where else "."
@@ -265,10 +268,16 @@ def measured(bound: str, share_pct: float, source: str, findings: list, meta: di
 
 
 def sites_text(sites: pd.DataFrame, phase: str) -> str:
-    """"84 % of the step in get_batch (train.py:116)" for the top user functions of `phase`."""
+    """"84 % of the step in get_batch (train.py:116)" for the top user functions of `phase`; or how few stack
+    samples it has when too few to name them."""
     rows = top_sites(sites, phase)
     named = [f"{fmt_share(share)} in {label}" for share, label in zip(rows["share_pct"], rows["label"])]
-    return f"{', '.join(named)} of the step" if named else ""
+    if named:
+        return f"{', '.join(named)} of the step"
+    samples = phase_samples(sites, phase)
+    if 0 < samples < MIN_PHASE_SAMPLES:
+        return f"{samples} stack sample(s) of it, too few to name the functions (a longer run, or a smaller stack_interval_s, names them)"
+    return ""
 
 
 def next_step(bound: str, findings: list, meta: dict | None = None) -> str:

@@ -52,11 +52,11 @@ def write_gpu_run(tmp_path):
 
     `meta` updates GPU_META; `step(i)` / `sample(i)` return overrides for step i's record and
     the system sample taken during it; `samples=False` leaves out NVML samples; `traces` are
-    trace files copied into the run's traces/ folder.
+    trace files copied into the run's traces/ folder; `stacks(i)` the stack sampler's rows of step i.
     """
     counter = iter(range(1000))
 
-    def write(*, meta=None, step=None, sample=None, steps=20, samples=True, traces=()):
+    def write(*, meta=None, step=None, sample=None, steps=20, samples=True, traces=(), stacks=None):
         path = tmp_path / f"gpu-run-{next(counter)}"
         writer = RunWriter(path, 0)
         writer.write_run_meta({**GPU_META, "name": path.name, **(meta or {})})
@@ -64,6 +64,8 @@ def write_gpu_run(tmp_path):
             writer.write("steps", [{**healthy_step(index), **(step(index) if step else {})}])
             if samples:
                 writer.write("system", [{**healthy_sample(index), **(sample(index) if sample else {})}])
+            if stacks:
+                writer.write("stacks", stacks(index))
         for trace in traces:
             shutil.copy(trace, writer.artifact_dir(TRACES_DIR) / trace.name)
         writer.close()

@@ -50,9 +50,19 @@ def test_compute_bound_on_a_cpu_from_the_phases(write_cpu_run):
 
 
 def test_host_bound_on_a_cpu_from_the_other_phase(write_cpu_run):
-    verdict = verdict_of(write_cpu_run(step=lambda i: {"forward_time_s": 0.03, "backward_time_s": 0.06,
-                                                        "other_time_s": 0.1}))
+    """On a CPU nothing waits for launches: the why says host work outside the model; the loop's line holding
+    it is named from enough stack samples, and only said to have too few from one or two."""
+    def run(samples_every: int):
+        return write_cpu_run(step=lambda i: {"forward_time_s": 0.03, "backward_time_s": 0.06, "other_time_s": 0.1},
+                             stacks=lambda i: [{"time_unix_s": 1000.0 + i, "rank": 0, "step": i, "phase": "other",
+                                                "function": "<module>", "file": "train.py", "line": 327}]
+                             if i % samples_every == 0 else [])
+    verdict = verdict_of(run(samples_every=1))
     assert verdict.bound == "host" and verdict.share_pct == pytest.approx(50)
+    assert verdict.why.startswith("Host work outside the model's forward, backward and optimizer step: 50 %")
+    assert "50 % in <module> (train.py:327) of the step" in verdict.why
+    few = verdict_of(run(samples_every=9)).why  # steps 0, 9 and 18; the first is warm-up
+    assert "2 stack sample(s) of it, too few to name the functions" in few and "train.py:327" not in few
 
 
 def test_compute_and_host_bound_on_one_gpu_from_nvml(write_gpu_run):

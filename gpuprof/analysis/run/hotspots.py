@@ -15,7 +15,10 @@ import os
 import pandas as pd
 
 LIBRARIES = "libraries"  # the label of samples with no frame of the user's
-COLUMNS = ["phase", "function", "file", "line", "samples", "phase_fraction", "share_pct", "label"]
+COLUMNS = ["phase", "function", "file", "line", "samples", "phase_samples", "phase_fraction", "share_pct", "label"]
+# A phase's samples needed before its time is split among functions: below, a share rests on one or two
+# samples (a short run at 20 samples a second), and is not named.
+MIN_PHASE_SAMPLES = 10
 # The phases whose time is not the model's own work: the ones a black box would hide.
 OUTSIDE_MODEL = ("data", "eval", "other")
 
@@ -39,7 +42,8 @@ def hotspots(run, summary) -> pd.DataFrame:
     samples = samples.assign(function=samples["function"].astype(object).where(samples["function"].notna(), None))
     counts = (samples.groupby(["phase", "function", "file", "line"], dropna=False).size()
               .rename("samples").reset_index())
-    counts["phase_fraction"] = counts["samples"] / counts.groupby("phase")["samples"].transform("sum")
+    counts["phase_samples"] = counts.groupby("phase")["samples"].transform("sum")
+    counts["phase_fraction"] = counts["samples"] / counts["phase_samples"]
     shares = {**summary.phase_split_pct, "eval": summary.evaluation.get("share_pct")}
     counts["share_pct"] = [fraction * shares[phase] if shares.get(phase) is not None else None
                            for phase, fraction in zip(counts["phase"], counts["phase_fraction"])]
@@ -48,7 +52,15 @@ def hotspots(run, summary) -> pd.DataFrame:
 
 
 def top_sites(table: pd.DataFrame, phase: str, limit: int = 3, min_fraction: float = 0.1) -> pd.DataFrame:
-    """The user functions holding at least `min_fraction` of a phase's samples, largest first."""
-    rows = table[(table["phase"] == phase) & (table["label"] != LIBRARIES) & (table["phase_fraction"] >= min_fraction)]
+    """The user functions holding at least `min_fraction` of a phase's samples, largest first; none when the phase
+    has fewer than MIN_PHASE_SAMPLES."""
+    rows = table[(table["phase"] == phase) & (table["label"] != LIBRARIES) & (table["phase_fraction"] >= min_fraction)
+                 & (table["phase_samples"] >= MIN_PHASE_SAMPLES)]
     return rows.head(limit)
+
+
+def phase_samples(table: pd.DataFrame, phase: str) -> int:
+    """The stack samples taken in `phase`."""
+    rows = table[table["phase"] == phase]
+    return int(rows["phase_samples"].iloc[0]) if len(rows) else 0
 
