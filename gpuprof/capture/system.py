@@ -143,8 +143,8 @@ class JobCpu:
     host's CPUs: host_cpu_pct's scale, so that host_cpu_pct minus this is what other processes took. The
     run's own: this process and its children (DataLoader and compile workers); under a launcher that runs
     several ranks here (torchrun: LOCAL_WORLD_SIZE > 1), the launcher's whole tree, every local rank and its
-    workers. The children are listed again every CHILDREN_REFRESH_S (a listing scans /proc); a child's
-    first interval after it is seen is not counted."""
+    workers. The children are listed again every CHILDREN_REFRESH_S; a child's first interval after it is
+    seen is not counted."""
 
     CHILDREN_REFRESH_S = 5.0
 
@@ -154,6 +154,7 @@ class JobCpu:
         self._children: list[psutil.Process] = []
         self._listed_at = float("-inf")
         self._last: tuple[float, dict[int, float]] | None = None
+        self._known: dict[int, psutil.Process] = {}
 
     def pct(self) -> float | None:
         """Percent of the host's CPUs since the previous call; None on the first."""
@@ -169,10 +170,44 @@ class JobCpu:
         return max(0.0, 100 * used_s / ((now - last[0]) * self._cpu_count))
 
     def _list_children(self) -> list[psutil.Process]:
+        pids = _descendant_pids(self._process.pid)
+        if pids is None:  # no /proc children lists: psutil's listing, which reads every process's stat file
+            try:
+                return self._process.children(recursive=True)
+            except psutil.Error:
+                return []
+        self._known = {pid: self._known.get(pid) or _process(pid) for pid in pids}
+        return [process for process in self._known.values() if process is not None]
+
+
+def _descendant_pids(root: int) -> list[int] | None:
+    """Every descendant of `root`, from Linux's per-thread children lists (a few small reads, where psutil's
+    listing reads the stat file of every process on the host); None where the kernel keeps no such lists."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return None
+    found, pending = [], [root]
+    while pending:
+        pid = pending.pop()
         try:
-            return self._process.children(recursive=True)
-        except psutil.Error:
-            return []
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/children") as children:
+                    new = [int(child) for child in children.read().split()]
+            except OSError:
+                continue
+            found += new
+            pending += new
+    return found
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 def _job_root() -> psutil.Process:
