@@ -20,6 +20,9 @@ freed by a captured block may stay with the process into the next bare one: a lo
   cold    a few of gpuprof's per-step pieces, each timed as the first thing after a bare training
           step (where gpuprof's step-end work runs) and again at once: what the first call costs
           against a repeated one
+  ops     the torch ops a captured step runs that a bare one does not (torch.profiler's counts of aten ops,
+          nested ones included, over --ops-steps steps of each, captured minus bare, per step): a count that
+          holds on a loaded machine, where each op a step makes costs several microseconds cold
   stacks  the stack sampler (gpuprof.capture.stack_sampler): interleaved pairs captured with every default,
           stack samples off and on (at --stack-interval-s, default the Profiler's), the increase in
           wall time per step; and each sample's own time on the sampler's thread, wall and CPU, with
@@ -31,6 +34,7 @@ freed by a captured block may stay with the process into the next bare one: a lo
     .venv/bin/python benchmarks/overhead.py --components timer switch
     .venv/bin/python benchmarks/overhead.py --threads 1 --loss outside --no-clip --components timer --timer-clock thread
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components cold
+    .venv/bin/python benchmarks/overhead.py --pairs 1 --components ops
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components stacks --stacks-pairs 20
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
@@ -39,6 +43,7 @@ freed by a captured block may stay with the process into the next bare one: a lo
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import os
@@ -253,6 +258,11 @@ class Bench:
             self.tokens = self.tokens.pin_memory()
         self._runs = 0
 
+    def train(self, prof, steps: int, marked: bool | None = None) -> None:
+        """`steps` steps of this bench's loop under `prof` (phases marked as --phases says, unless `marked`)."""
+        train_steps(prof, self.model, self.optimizer, self.tokens, steps, self.dtype, self.device,
+                    self.args.phases if marked is None else marked, self.args.loss == "outside", not self.args.no_clip)
+
     def block(self, prof) -> dict[str, float]:
         return timed_steps(prof, self.args.steps, self.model, self.optimizer, self.tokens, self.device, self.dtype,
                            self.args.phases, self.args.loss == "outside", not self.args.no_clip)
@@ -380,12 +390,10 @@ def hook_table(bench: Bench, steps: int, clock: str) -> tuple[dict[str, float], 
     time per step, both on `clock` ("wall", or "thread": each thread's CPU time)."""
     timer = HookTimer(CLOCKS[clock])
     with timer.installed(), bench.open_run({}) as prof:
-        train_steps(prof, bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, bench.args.phases,
-                    bench.args.loss == "outside", not bench.args.no_clip)
+        bench.train(prof, 1)
         timer.seconds.clear()
         start = CLOCKS[clock]()
-        train_steps(prof, bench.model, bench.optimizer, bench.tokens, steps, bench.dtype, bench.device,
-                    bench.args.phases, bench.args.loss == "outside", not bench.args.no_clip)
+        bench.train(prof, steps)
         _synchronize(bench.device)
         block_s = CLOCKS[clock]() - start
     return {name: seconds / steps * 1e6 for name, seconds in timer.seconds.items()}, block_s / steps
@@ -413,14 +421,30 @@ def cold_table(bench: Bench, rounds: int) -> dict[str, tuple[float, float]]:
     repeated: dict[str, list[float]] = {name: [] for name in probes}
     for _ in range(rounds):
         for name, probe in probes.items():
-            train_steps(Bare(), bench.model, bench.optimizer, bench.tokens, 1, bench.dtype, bench.device, False,
-                        bench.args.loss == "outside", not bench.args.no_clip)
+            bench.train(Bare(), 1, marked=False)
             _synchronize(bench.device)
             for times in (first[name], repeated[name]):
                 start = time.perf_counter()
                 probe()
                 times.append(time.perf_counter() - start)
     return {name: (statistics.median(first[name]) * 1e6, statistics.median(repeated[name]) * 1e6) for name in probes}
+
+
+def ops_table(bench: Bench, steps: int) -> dict[str, float]:
+    """Per aten op, how many more times a captured step runs it than a bare one (torch.profiler's counts over
+    `steps` steps of each after one warm-up step, nested ops included; gpuprof's periodic work, every
+    layer_interval or state_interval steps, averaged in)."""
+
+    def counts(prof) -> collections.Counter:
+        bench.train(prof, 1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as recorded:
+            bench.train(prof, steps)
+        return collections.Counter(event.name for event in recorded.events() if event.name.startswith("aten::"))
+
+    bare = counts(Bare())
+    with bench.open_run({}) as prof:
+        captured = counts(prof)
+    return {name: (captured[name] - bare[name]) / steps for name in captured | bare if captured[name] != bare[name]}
 
 
 def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, dict[str, float], int]:
@@ -482,6 +506,13 @@ def print_cold_table(rows: dict[str, tuple[float, float]], rounds: int) -> None:
     print(f"\nfirst call after a training step against the call repeated at once (median of {rounds}, us):")
     for name, (first_us, repeated_us) in rows.items():
         print(f"  {name:<40} {first_us:8.1f} {repeated_us:8.1f}   x{first_us / repeated_us:.1f}")
+
+
+def print_ops_table(added: dict[str, float], steps: int) -> None:
+    print(f"\naten ops a captured step runs beyond a bare one (per step, over {steps} steps of each): "
+          f"{sum(added.values()):+.1f} in all")
+    for name, count in sorted(added.items(), key=lambda item: -abs(item[1])):
+        print(f"  {name:<40} {count:+7.2f}")
 
 
 def print_hook_table(parts: dict[str, float], step_s: float, clock: str) -> None:
@@ -548,13 +579,14 @@ def main() -> None:
     parser.add_argument("--no-clip", action="store_true",
                         help="the loop does not clip: gpuprof computes the gradient norm itself")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold", "stacks"), default=(),
+    parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold", "ops", "stacks"), default=(),
                         help="add the per-part table(s) in us per step")
     parser.add_argument("--timer-steps", type=int, default=100, help="captured steps under the hook timer")
     parser.add_argument("--timer-clock", choices=("wall", "thread"), default="wall",
                         help="the hook timer's clock: wall time, or each thread's CPU time (holds on a loaded machine)")
     parser.add_argument("--switch-pairs", type=int, default=10, help="pairs per configuration for `switch`")
     parser.add_argument("--cold-rounds", type=int, default=30, help="training steps per probe for `cold`")
+    parser.add_argument("--ops-steps", type=int, default=20, help="steps of each, bare and captured, for `ops`")
     parser.add_argument("--stacks-pairs", type=int, default=15, help="off/on pairs for `stacks`")
     parser.add_argument("--stack-interval-s", type=float, default=STACK_INTERVAL_S,
                         help="the stack sampler's period for `stacks`")
@@ -578,6 +610,8 @@ def main() -> None:
                     patched_out[label] = bench.pairs({}, args.switch_pairs, label)
         if "cold" in args.components:
             cold = cold_table(bench, args.cold_rounds)
+        if "ops" in args.components:
+            ops = ops_table(bench, args.ops_steps)
         if "stacks" in args.components:
             stacks = stacks_costs(bench, args.stacks_pairs, args.stack_interval_s)
     print_headline(args, bench, headline)
@@ -587,6 +621,8 @@ def main() -> None:
         print_switch_table(switched, patched_out)
     if "cold" in args.components:
         print_cold_table(cold, args.cold_rounds)
+    if "ops" in args.components:
+        print_ops_table(ops, args.ops_steps)
     if "stacks" in args.components:
         print_stacks_table(*stacks, args.stack_interval_s)
     print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
