@@ -81,8 +81,8 @@ def _windowed_rank(rank_trace: RankTrace, include_last_step: bool) -> RankTrace:
     rows = window_rows(events, cutoff)
     columns = {name: events[name].array for name in events.columns}
     rank_trace.events = events = None  # the columns are now only here: each is freed once cut
-    return replace(rank_trace, events=pd.DataFrame({name: columns.pop(name)[rows] for name in list(columns)}, copy=False),
-                   memory=memory[memory["ts_us"].to_numpy() < cutoff].reset_index(drop=True))
+    window = pd.DataFrame({name: columns.pop(name)[rows] for name in list(columns)}, copy=False)
+    return replace(rank_trace, events=window, memory=memory[memory["ts_us"].to_numpy() < cutoff].reset_index(drop=True))
 
 
 def step_windows(rank_trace: RankTrace) -> pd.DataFrame:

@@ -24,7 +24,9 @@ import msgspec
 from gpuprof.errors import TraceFormatError
 
 BLOCK_BYTES = 4 * 2**20
-WHOLE_DOCUMENT_BYTES = 4 * 2**20  # decoded in one piece up to this size; the structs of a larger one would cost more memory than streaming saves time
+# Documents up to this size are decoded in one piece: the structs of a larger one would cost more memory
+# than streaming it saves time.
+WHOLE_DOCUMENT_BYTES = 4 * 2**20
 CANDIDATES_PER_BLOCK = 8
 _SPACE_RE = re.compile(rb"\s*")
 _ARRAY_START_RE = re.compile(rb'"traceEvents"\s*:\s*\[')

@@ -92,24 +92,38 @@ def _launching_ops(tree) -> pd.Series:
 
 
 def _kernel_stats(device: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Count and time per group of `keys`, tensor-core use (by name), and duration-weighted blocks per SM
-    and achieved occupancy over the kernels that record them (NaN where none does)."""
-    dur = device["dur_us"].to_numpy()
-    columns = {key: device[key].array for key in keys} | {"dur_us": dur}
-    for column in OCCUPANCY_COLUMNS:
-        values = device[column].to_numpy()
-        recorded = ~np.isnan(values)
-        columns[f"{column}_weight"] = recorded * dur
-        columns[f"{column}_weighted"] = np.where(recorded, values, 0) * columns[f"{column}_weight"]
-    grouped = pd.DataFrame(columns, copy=False).groupby(keys, observed=True)
-    stats = grouped["dur_us"].agg(count="count", total_us="sum", mean_us="mean", max_us="max", min_us="min")
-    sums = grouped[list(columns)[len(keys) + 1:]].sum()
+    """Count and time per group of `keys` (none missing; in groupby's order), tensor-core use (by name), and
+    duration-weighted blocks per SM and achieved occupancy over the kernels that record them (NaN where none does).
+
+    Grouped in numpy: pandas' groupby costs about 10 ms a call in fixed overhead, most of a small trace's table."""
+    coded = [_group_codes(device[key]) for key in keys]
+    groups, group_of = np.unique(np.column_stack([codes for codes, _ in coded]), axis=0, return_inverse=True)
+    group_of = group_of.ravel()
+    order = np.argsort(group_of, kind="stable")
+    count = np.bincount(group_of, minlength=len(groups))
+    starts = np.cumsum(count) - count
+    dur = device["dur_us"].to_numpy()[order]
+    total = np.add.reduceat(dur, starts)
+    columns = {key: labels(groups[:, i]) for i, (key, (_, labels)) in enumerate(zip(keys, coded))}
+    columns |= {"count": count, "total_us": total, "mean_us": np.round(total / count, 2),
+                "max_us": np.maximum.reduceat(dur, starts), "min_us": np.minimum.reduceat(dur, starts)}
     for column, label in OCCUPANCY_COLUMNS.items():
-        weight = sums[f"{column}_weight"].to_numpy()
-        stats[label] = np.round(sums[f"{column}_weighted"].to_numpy() / np.where(weight > 0, weight, np.nan), 2)
-    stats = stats.reset_index()
+        values = device[column].to_numpy()[order]
+        recorded = ~np.isnan(values)
+        weight = recorded * dur
+        weights = np.add.reduceat(weight, starts)
+        weighted = np.add.reduceat(np.where(recorded, values, 0) * weight, starts)
+        columns[label] = np.round(weighted / np.where(weights > 0, weights, np.nan), 2)
+    stats = pd.DataFrame(columns)
     stats["name"] = stats["name"].astype(str)
-    stats["mean_us"] = stats["mean_us"].round(2)
-    # The rows are distinct kernels already, which matches() would first factorize.
     stats["tensor_cores"] = np.array([bool(TENSOR_CORE_RE.search(name)) for name in stats["name"]], dtype=bool)
     return stats
+
+
+def _group_codes(values: pd.Series):
+    """A key's integer codes in groupby's order (its categories', else sorted values), and the function turning
+    codes back into the key's values."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.cat.codes.to_numpy(), lambda codes: pd.Categorical.from_codes(codes, dtype=values.dtype)
+    codes, uniques = pd.factorize(values, sort=True)
+    return codes, uniques.take
