@@ -275,8 +275,8 @@ def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The largest |value| of every element of `tensors` (this rank's, not empty); NaN if any is NaN."""
     if device.type == "cpu":  # there the foreach inf-norm is a scalar loop, 5-15x slower than aminmax
-        extremes = [torch.aminmax(tensor) for tensor in tensors]  # NaN propagates, like the norm
-        return torch.stack([torch.maximum(-low, high) for low, high in extremes]).float().max()
+        lows, highs = zip(*(torch.aminmax(tensor) for tensor in tensors))  # NaN propagates, like the norm
+        return torch.maximum(torch.stack(lows).neg(), torch.stack(highs)).float().max()  # one op a tensor
     return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
 
 
