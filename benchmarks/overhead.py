@@ -20,9 +20,9 @@ freed by a captured block may stay with the process into the next bare one: a lo
   cold    a few of gpuprof's per-step pieces, each timed as the first thing after a bare training
           step (where gpuprof's step-end work runs) and again at once: what the first call costs
           against a repeated one
-  ops     the torch ops a captured step runs that a bare one does not (torch.profiler's counts of aten ops,
-          nested ones included, over --ops-steps steps of each, captured minus bare, per step): a count that
-          holds on a loaded machine, where each op a step makes costs several microseconds cold
+  ops     the torch ops a captured step calls that a bare one does not (torch.profiler's counts of the aten
+          ops called from Python, not those an op runs inside, over --ops-steps steps of each, captured minus
+          bare, per step): a count that holds on a loaded machine, where each call costs microseconds cold
   stacks  the stack sampler (gpuprof.capture.stack_sampler): interleaved pairs captured with every default,
           stack samples off and on (at --stack-interval-s, default the Profiler's), the increase in
           wall time per step; and each sample's own time on the sampler's thread, wall and CPU, with
@@ -431,20 +431,28 @@ def cold_table(bench: Bench, rounds: int) -> dict[str, tuple[float, float]]:
 
 
 def ops_table(bench: Bench, steps: int) -> dict[str, float]:
-    """Per aten op, how many more times a captured step runs it than a bare one (torch.profiler's counts over
-    `steps` steps of each after one warm-up step, nested ops included; gpuprof's periodic work, every
-    layer_interval or state_interval steps, averaged in)."""
+    """Per aten op, how many more times a captured step calls it from Python than a bare one (torch.profiler's
+    counts over `steps` steps of each after one warm-up step; gpuprof's periodic work, every layer_interval or
+    state_interval steps, averaged in)."""
 
     def counts(prof) -> collections.Counter:
         bench.train(prof, 1)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as recorded:
             bench.train(prof, steps)
-        return collections.Counter(event.name for event in recorded.events() if event.name.startswith("aten::"))
+        return collections.Counter(event.name for event in recorded.events()
+                                   if event.name.startswith("aten::") and not _inside_an_op(event))
 
     bare = counts(Bare())
     with bench.open_run({}) as prof:
         captured = counts(prof)
     return {name: (captured[name] - bare[name]) / steps for name in captured | bare if captured[name] != bare[name]}
+
+
+def _inside_an_op(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith("aten::"):
+        parent = parent.cpu_parent
+    return parent is not None
 
 
 def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, dict[str, float], int]:
@@ -509,7 +517,7 @@ def print_cold_table(rows: dict[str, tuple[float, float]], rounds: int) -> None:
 
 
 def print_ops_table(added: dict[str, float], steps: int) -> None:
-    print(f"\naten ops a captured step runs beyond a bare one (per step, over {steps} steps of each): "
+    print(f"\naten ops a captured step calls beyond a bare one (per step, over {steps} steps of each): "
           f"{sum(added.values()):+.1f} in all")
     for name, count in sorted(added.items(), key=lambda item: -abs(item[1])):
         print(f"  {name:<40} {count:+7.2f}")
