@@ -7,6 +7,7 @@ samples). Long series are downsampled here, once, for every consumer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,13 @@ HEATMAP_MAX_STEPS = 400
 # Rows of a rank x step heatmap: past this many ranks, neighbouring ranks share a row.
 HEATMAP_MAX_RANKS = 256
 CHART_HEIGHT_PX = 320
+# Every figure's template, named, so that the dashboard (where importing Streamlit makes its own template
+# Plotly's default) and the HTML report draw the same colours; its axes make room for their tick labels.
+CHART_TEMPLATE = "plotly_white"
+# One colour per step phase on every chart that draws phases (the step's split, the ranks', a step's timeline,
+# the ranks' heartbeats).
+PHASE_COLORS = dict(zip(STEP_PHASES, ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#b0b0b0"),
+                        strict=True))  # data, forward, backward, optimizer, eval, other
 
 
 @dataclass(frozen=True)
@@ -35,12 +43,14 @@ class Panel:
 
 def _layout(figure: go.Figure, *, x_title: str, y_title: str = "", height: int = CHART_HEIGHT_PX) -> go.Figure:
     figure.update_layout(
+        template=CHART_TEMPLATE,
         height=height,
         margin=dict(l=10, r=10, t=30, b=10),
         legend=dict(orientation="h", y=1.12, x=0),
         hovermode="x unified",
     )
     figure.update_xaxes(title_text=x_title)
+    figure.update_yaxes(tickformat=",~f")  # one number format on every tick: "1,979.5", "1,980", not "1979"
     if y_title:
         figure.update_yaxes(title_text=y_title)
     return figure
@@ -87,7 +97,8 @@ def phases_panel(steps: pd.DataFrame) -> Panel:
         phase = column.removesuffix("_time_s")
         figure.add_trace(go.Scatter(
             x=averaged["step"], y=averaged[column] * 1e3, name=phase, mode="lines", stackgroup="phases",
-            line=dict(width=0.5), hovertemplate=f"{phase} (%{{y:.1f}} ms): {STEP_PHASES[phase]}<extra></extra>",
+            line=dict(width=0.5, color=PHASE_COLORS[phase]),
+            hovertemplate=f"{phase} (%{{y:.1f}} ms): {STEP_PHASES[phase]}<extra></extra>",
         ))
     note = "" if len(averaged) == len(steps) else f"Averaged over buckets of ~{len(steps) // len(averaged)} steps."
     return Panel("Step time by phase", _layout(figure, x_title="step", y_title="ms"), note)
@@ -203,8 +214,9 @@ def grad_norm_heatmap_panel(layers: pd.DataFrame, steps: pd.DataFrame) -> Panel:
     title = "Gradient norm per layer (log10)"
     if layers.empty or not _has(layers, "grad_norm"):
         return Panel(title, None, "No per-layer gradient norms recorded (pass model= to gpuprof.profile).")
-    order = list(layers["layer"].unique())  # first-seen order: the model's own layer order
-    table = layers.pivot_table(index="step", columns="layer", values="grad_norm", aggfunc="mean")[order]
+    order = sorted(layers["layer"].unique(), key=_natural)  # h.2 before h.10
+    table = layers.pivot_table(index="step", columns="layer", values="grad_norm", aggfunc="mean",
+                              dropna=False)[order]  # a step whose every norm is NaN keeps its column
     averaged = bucket_mean(table.reset_index(), "step", order, HEATMAP_MAX_STEPS)
     norms = averaged[order].to_numpy(dtype=float).T
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -220,7 +232,16 @@ def grad_norm_heatmap_panel(layers: pd.DataFrame, steps: pd.DataFrame) -> Panel:
     figure.update_yaxes(type="category", tickmode="array", tickvals=order, ticktext=_short_names(order),
                         tickfont=dict(size=10), autorange="reversed")
     figure.update_layout(hovermode="closest")
-    return Panel(title, _layout(figure, x_title="step", height=max(CHART_HEIGHT_PX, 14 * len(order) + 80)))
+    recorded = np.sort(layers["step"].unique())
+    every = f"every {int(np.diff(recorded).min())} steps" if len(recorded) > 1 else f"at step {int(recorded[0])} only"
+    note = (f"Per-layer norms are recorded {every} (gpuprof.profile(layer_interval=N)); a white cell is a norm that "
+            "was not finite" + (", marked ✕ on the steps whose gradients went non-finite." if not bad.empty else "."))
+    return Panel(title, _layout(figure, x_title="step", height=max(CHART_HEIGHT_PX, 14 * len(order) + 80)), note)
+
+
+def _natural(name: str) -> list:
+    """A sort key that orders the numbers inside names as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
 def _nonfinite_layer_cells(layers: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -321,8 +342,6 @@ def rank_detail_panels(query, rank: int) -> list[Panel]:
     return [Panel(f"Step time of rank {rank}", _layout(figure, x_title="step", y_title="ms")), phases_panel(steps)]
 
 
-PHASE_COLORS = {"data": "#1f77b4", "forward": "#2ca02c", "backward": "#9467bd", "optimizer": "#ff7f0e",
-                "other": "#7f7f7f"}
 OUTCOME_SYMBOLS = {"finished": ("circle", "seagreen"), "failed": ("x", "crimson"), "incomplete": ("square", "black"),
                    "running": ("triangle-right", "gray")}
 TIMELINE_BEATS_PER_RANK = 400
@@ -372,14 +391,12 @@ def _thin(frame: pd.DataFrame, most: int) -> pd.DataFrame:
 
 def rank_phase_panel(per_rank: pd.DataFrame) -> Panel:
     """Median time of each phase per rank, stacked (from the run summary's per-rank table)."""
-    columns = [f"{phase}_time_p50_s" for phase in SPLIT_PHASES if _has(per_rank, f"{phase}_time_p50_s")]
-    if per_rank.empty or not columns:
+    phases = [phase for phase in SPLIT_PHASES if _has(per_rank, f"{phase}_time_p50_s")]
+    if per_rank.empty or not phases:
         return Panel("Phases per rank (median)", None, "No phase times recorded.")
     labels = [f"rank {int(rank)}" for rank in per_rank["rank"]]
-    figure = go.Figure([
-        go.Bar(x=labels, y=per_rank[column] * 1e3, name=column.removesuffix("_time_p50_s"))
-        for column in columns
-    ])
+    figure = go.Figure([go.Bar(x=labels, y=per_rank[f"{phase}_time_p50_s"] * 1e3, name=phase,
+                               marker_color=PHASE_COLORS[phase]) for phase in phases])
     figure.update_layout(barmode="stack")
     return Panel("Phases per rank (median)", _layout(figure, x_title="", y_title="ms"))
 

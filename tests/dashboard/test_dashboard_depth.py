@@ -19,6 +19,7 @@ from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.loader import load_trace
 from gpuprof.analysis.trace.timeline import step_timeline
 from gpuprof.dashboard import APP_PATH, RUNS_DIR_ENV
+from gpuprof.dashboard.charts import PHASE_COLORS
 from gpuprof.dashboard.views import memory, timeline
 from gpuprof.report.format import GIB, figure
 from gpuprof.run.reader import load_run
@@ -68,6 +69,9 @@ def test_timeline_page_draws_the_step_the_link_names(traced_root, open_page, mon
     assert labels == set(expected.intervals["name"])  # each bar carries its name (shown where it fits)
     assert f"Drew {len(expected.intervals):,} intervals for {expected.events:,} events" in " ".join(texts(app.caption))
     assert {bar["name"] for bar in bars} >= {"cpu_op", "user_annotation"}
+    phases = {bar["name"]: bar["marker"]["color"] for bar in bars if bar["name"].startswith("phase: ")}
+    assert {"phase: forward", "phase: backward"} <= set(phases)  # each phase in the colour the phase charts give it
+    assert all(color == PHASE_COLORS[name.removeprefix("phase: ")] for name, color in phases.items())
 
 
 def test_timeline_and_memory_pages_say_how_to_record(sample_root, tmp_path, open_page):

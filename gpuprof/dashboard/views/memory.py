@@ -12,7 +12,7 @@ import streamlit as st
 from gpuprof.analysis.memory_snapshot import MemorySnapshot
 from gpuprof.analysis.trace.tables import TABLE_TITLES, missing_note, missing_views
 from gpuprof.dashboard import data
-from gpuprof.dashboard.charts import trace_memory_panel
+from gpuprof.dashboard.charts import CHART_TEMPLATE, trace_memory_panel
 from gpuprof.dashboard.downsample import lttb
 from gpuprof.dashboard.views.common import need_runs, section, show_not_in_a_trace, show_panel
 from gpuprof.report import format as formatting
@@ -36,8 +36,8 @@ def timeline_figure(snapshot: MemorySnapshot) -> go.Figure:
             points = lttb(actions, x, column)
             chart.add_scatter(x=points[x], y=points[column] / GIB, mode="lines",
                               name=f"{column.removesuffix('_bytes')} · device {device}")
-    chart.update_layout(height=360, margin=dict(l=10, r=10, t=30, b=10), hovermode="x unified",
-                        legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"))
+    chart.update_layout(template=CHART_TEMPLATE, height=360, margin=dict(l=10, r=10, t=30, b=10),
+                        hovermode="x unified", legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"))
     chart.update_xaxes(title_text="time (µs)" if x == "time_us" else "allocator action (oldest kept first)")
     chart.update_yaxes(title_text="GiB")
     return chart

@@ -14,13 +14,16 @@ import streamlit as st
 from gpuprof.analysis.trace.loader import Trace, load_trace
 from gpuprof.analysis.trace.timeline import StepTimeline, step_timeline, trace_steps
 from gpuprof.dashboard import data
-from gpuprof.dashboard.views.common import need_runs, section
+from gpuprof.dashboard.charts import CHART_TEMPLATE, PHASE_COLORS
+from gpuprof.dashboard.views.common import need_runs, section, show_frame
+from gpuprof.report.frames import units_view
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 PAGE = "Timeline"
 RECORD_HINT = f"This run has no trace window. Record {HOW_TO_RECORD['trace window']}."
 ROW_HEIGHT_PX = 22
 LONGEST_SHOWN = 20
+PHASE_RANGE_PREFIX = "gpuprof."  # the record_function range gpuprof opens around each phase of a step
 
 
 def timeline_url(run: str, window: str, rank: int, step: int) -> str:
@@ -57,21 +60,34 @@ def _url_choice(label: str, options: list, param: str, key: str):
     return choice
 
 
+def _series(intervals: pd.DataFrame) -> pd.Series:
+    """What each bar's colour says: its event kind, or for gpuprof's own range of a step phase
+    ("gpuprof.forward") that phase, in the colour the phase charts give it."""
+    phase = intervals["name"].str.removeprefix(PHASE_RANGE_PREFIX)
+    is_phase = intervals["kind"].eq("user_annotation") & intervals["name"].str.startswith(PHASE_RANGE_PREFIX) \
+        & phase.isin(list(PHASE_COLORS))
+    return intervals["kind"].where(~is_phase, "phase: " + phase)
+
+
 def figure(timeline: StepTimeline) -> go.Figure:
-    """Bars from start to end in ms, one row per thread depth or stream, one colour per event kind, each
-    labelled with its name where the name fits inside it."""
+    """Bars from start to end in ms, one row per thread depth or stream, one colour per event kind (per phase
+    for gpuprof's phase ranges), each labelled with its name where the name fits inside it."""
     intervals = timeline.intervals
     chart = go.Figure()
-    for kind, part in intervals.groupby("kind", sort=True):
+    for series, part in intervals.groupby(_series(intervals), sort=True):
+        phase = series.removeprefix("phase: ")
         chart.add_bar(
-            name=kind, orientation="h", y=part["row"], base=part["start_us"] / 1e3, x=part["dur_us"] / 1e3,
+            name=series, orientation="h", marker_color=PHASE_COLORS.get(phase), y=part["row"],
+            base=part["start_us"] / 1e3, x=part["dur_us"] / 1e3,
             text=part["name"], textposition="inside", insidetextanchor="start",
-            customdata=part[["name", "dur_us", "busy_us", "events"]].to_numpy(),
-            hovertemplate="%{customdata[0]}<br>%{customdata[1]:,.0f} µs (busy %{customdata[2]:,.0f} µs, "
+            customdata=part[["name", "dur_us", "busy_us", "events"]].assign(
+                dur_us=part["dur_us"] / 1e3, busy_us=part["busy_us"] / 1e3).to_numpy(),
+            hovertemplate="%{customdata[0]}<br>%{customdata[1]:,.3f} ms (busy %{customdata[2]:,.3f} ms, "
                           "%{customdata[3]} events)<br>%{y}<extra></extra>",
         )
-    chart.update_layout(barmode="overlay", height=80 + ROW_HEIGHT_PX * max(1, len(timeline.rows)),
-                        margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+    chart.update_layout(template=CHART_TEMPLATE, barmode="overlay",
+                        height=80 + ROW_HEIGHT_PX * max(1, len(timeline.rows)), margin=dict(l=10, r=10, t=30, b=10),
+                        legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
                         uniformtext=dict(minsize=8, mode="hide"))  # a name too long for its bar is left out
     chart.update_yaxes(categoryorder="array", categoryarray=timeline.rows[::-1])
     chart.update_xaxes(title_text="ms since the step started", range=[0, timeline.step_time_us / 1e3],
@@ -85,8 +101,8 @@ def show(timeline: StepTimeline) -> None:
                "pixel are merged per row and pixel, then the longest are kept. Hover for name, duration and row.")
     st.plotly_chart(figure(timeline), key="timeline_chart", theme=None)
     st.subheader("Longest intervals drawn")
-    longest = timeline.intervals.nlargest(LONGEST_SHOWN, "dur_us")
-    st.dataframe(longest, hide_index=True, key="timeline_longest")
+    longest = timeline.intervals.nlargest(LONGEST_SHOWN, "dur_us").rename(columns={"dur_us": "duration_us"})
+    show_frame(units_view(longest), "timeline_longest")
 
 
 def pick_window(entry) -> list[Path] | None:
