@@ -5,6 +5,7 @@ No heavy imports: the CLI loads this module before it knows what it will print."
 from __future__ import annotations
 
 import math
+import re
 
 from gpuprof.units import bytes_text
 
@@ -14,6 +15,8 @@ MISSING = "n/a"
 FIELD_UNITS = (("_per_s", "/s"), ("_us", " µs"), ("_s", " s"), ("_pct", " %"), ("_bytes", " bytes"))
 # A severity's colour: by name (Streamlit's markdown colours) and as hex (the HTML report).
 SEVERITY_COLORS = {"critical": ("red", "#c62828"), "warning": ("orange", "#ef6c00"), "info": ("blue", "#1565c0")}
+# Fixes and verdicts name code as markdown's `code spans`; a page shows them as code, never the backticks.
+CODE_SPAN = re.compile(r"(`[^`]+`)")
 
 
 def known(value) -> bool:
@@ -153,6 +156,11 @@ def field_text(name) -> str:
     return name.replace("_", " ")
 
 
+def code_parts(text: str) -> list[tuple[str, bool]]:
+    """`text` in pieces, each with whether it is code (a code span, its backticks dropped)."""
+    return [(part[1:-1], True) if CODE_SPAN.fullmatch(part) else (part, False) for part in CODE_SPAN.split(text) if part]
+
+
 def present(mapping: dict) -> dict:
     """The entries of `mapping` that hold something: no None, NaN, empty text, list or dict."""
     return {key: value for key, value in mapping.items() if known(value) and not (
@@ -194,8 +202,10 @@ def model_label(meta: dict) -> str:
     return (meta.get("config") or {}).get("model_size") or (meta.get("model") or {}).get("class") or MISSING
 
 
-def variant_label(meta: dict) -> str:
-    return (meta.get("config") or {}).get("variant") or MISSING
+def workload_label(meta: dict) -> str:
+    """The model and, for the reference workload, its variant: "tiny baseline", "GPT2LMHeadModel"."""
+    variant = (meta.get("config") or {}).get("variant")
+    return f"{model_label(meta)} {variant}" if variant else model_label(meta)
 
 
 def headline_figures(summary) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import numpy as np
 
@@ -35,3 +36,20 @@ def texts(elements) -> list[str]:
 def column_config(element) -> dict:
     """A dataframe's column settings as Streamlit sends them: column -> {"label", "help", "type_config"}."""
     return json.loads(element.proto.columns)
+
+
+def empty_cells(app) -> dict[str, list[str]]:
+    """Each table's columns that miss a value: Streamlit draws a missing cell as a grey None on the grid's
+    canvas, which the browser's text does not hold; a page shows "n/a" there instead."""
+    frames = [element.value for element in app.dataframe]
+    return {f"table {i}": [str(column) for column in frame.columns[frame.isna().any().to_numpy()]]
+            for i, frame in enumerate(frames) if frame.isna().any().any()}
+
+
+# What a reader must never see in a page's text or table cells: Python's None (a figure a run lacks reads n/a),
+# markdown's backticks, a raw column or evidence name with its unit ending (not a keyword argument), an epoch time.
+UNREADABLE = re.compile(r"\bNone\b|`|\b[a-z]+(?:_[a-z0-9]+)*_(?:s|us|pct|bytes)\b(?!=)|\b1[6-9]\d{8}(?:\.\d+)?\b")
+
+
+def unreadable(text: str) -> list[str]:
+    return sorted(set(UNREADABLE.findall(text)))

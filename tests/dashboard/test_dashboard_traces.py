@@ -32,13 +32,13 @@ def traces_root(plugin_traces, sample_root, views_trace, tmp_path_factory) -> Pa
 
 def test_runs_page_lists_trace_folders_with_their_verdicts_beside_runs(traces_root, open_page):
     table = open_page(traces_root, "Runs").dataframe[0].value.set_index("run")
-    assert table.loc["baseline", "kind"] == "gpuprof run"
+    assert table.loc["baseline", "recorded"] == "cpu · tiny baseline"
     for name in ("no_workers", "workers", "two_spans", "two_workers"):
-        assert table.loc[name, "kind"] == "plain trace"
+        assert table.loc[name, "recorded"].startswith("plain trace, ")
         assert table.loc[name, "verdict"] == build_trace_report(traces_root / name, jobs=1).verdict.headline
     assert table.loc["no_workers", "verdict"].startswith("Bound by input")
-    assert "2 span(s) of 1 worker(s)" in table.loc["two_spans", "status"]
-    assert "1 span(s) of 2 worker(s)" in table.loc["two_workers", "status"]
+    assert "2 span(s) of 1 worker(s)" in table.loc["two_spans", "recorded"]
+    assert "1 span(s) of 2 worker(s)" in table.loc["two_workers", "recorded"]
 
 
 def test_run_page_of_a_trace_shows_verdict_findings_and_what_is_missing(traces_root, open_page):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from gpuprof.report.format import SEVERITY_COLORS, field_text, gain_text, present, value_text
+from gpuprof.report.format import SEVERITY_COLORS, code_parts, field_text, gain_text, present, value_text
 from gpuprof.report.verdict import HOW_TO_RECORD
 from gpuprof.errors import GpuprofError
 
@@ -71,7 +71,6 @@ def show_panel(panel, key: str = "") -> None:
 
 
 MARKDOWN_SPECIALS = re.compile(r"([\\`*_\[\]$~|<>#])")
-CODE_SPAN = re.compile(r"(`[^`]+`)")
 
 
 def escape_markdown(text: str) -> str:
@@ -81,7 +80,7 @@ def escape_markdown(text: str) -> str:
 
 def markdown_text(text: str) -> str:
     """`text` shown literally, except that its `code spans` show as code (fixes and verdicts name code so)."""
-    return "".join(part if CODE_SPAN.fullmatch(part) else escape_markdown(part) for part in CODE_SPAN.split(text))
+    return "".join(f"`{part}`" if code else escape_markdown(part) for part, code in code_parts(text))
 
 
 def show_values(values: dict) -> None:

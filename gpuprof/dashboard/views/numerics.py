@@ -13,12 +13,12 @@ from gpuprof.dashboard.charts import loss_panel, scaler_panel
 from gpuprof.dashboard.views.common import (
     escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel,
 )
-from gpuprof.report.format import figure, value_text
+from gpuprof.report.format import MISSING, field_text, figure, known, value_text
 from gpuprof.run.schema import BLAME_PHASES, bundle_in_run
 
 EVENT_COLUMNS = {
     "time": st.column_config.DatetimeColumn("time (UTC)", format="HH:mm:ss.SSS"),
-    "step": st.column_config.NumberColumn("step", format="%d", help="empty: an event of the run, not of a step"),
+    "step": st.column_config.TextColumn("step", help="n/a: an event of the run, not of a step"),
 }
 BLAME_FIELDS = ("step", "rank", "phase", "module", "op", "first", "tensor", "dtype", "shape",
                 "nonfinite_count", "input_absmax", "source", "micro_batch", "trigger")
@@ -33,7 +33,7 @@ def blame_fields(event: pd.Series) -> pd.DataFrame:
     if isinstance(cause, dict) and cause.get("summary"):
         fields["cause"] = cause["summary"]
     shown = {name: value for name, value in fields.items() if value is not None and value == value}
-    return pd.DataFrame({"field": list(shown), "value": [_text(value) for value in shown.values()]})
+    return pd.DataFrame({"field": list(map(field_text, shown)), "value": [_text(value) for value in shown.values()]})
 
 
 def _text(value) -> str:
@@ -42,8 +42,10 @@ def _text(value) -> str:
 
 
 def readable_events(events: pd.DataFrame) -> pd.DataFrame:
-    """The events with their clock time as a time and their step as a whole number (or empty)."""
-    shown = events.drop(columns=["time_unix_s"]).assign(step=events["step"].astype("Int64"))
+    """The events with their clock time as a time, their step as a whole number (n/a for the run's own) and
+    their kind in words."""
+    steps = events["step"].map(lambda step: str(int(step)) if known(step) else MISSING)
+    shown = events.drop(columns=["time_unix_s"]).assign(step=steps, kind=events["kind"].map(field_text))
     return shown.assign(time=pd.to_datetime(events["time_unix_s"], unit="s"))[["time", *shown.columns]]
 
 

@@ -9,7 +9,7 @@ from gpuprof.dashboard.charts import trace_steps_panel
 from gpuprof.dashboard.views.common import (
     need_runs, section, show_findings, show_not_in_a_trace, show_panel, show_verdict,
 )
-from gpuprof.report.format import device_label, headline_figures, model_label, variant_label
+from gpuprof.report.format import device_label, headline_figures, workload_label
 
 METRIC_HELP = {"Peak memory": "torch's peak allocated on a GPU; the process RSS on a CPU"}
 
@@ -26,8 +26,7 @@ def headline(entry) -> None:
     summary = entry.report.summary
     meta = entry.meta
     st.header(f"Run `{entry.name}`")
-    st.caption(f"{entry.status} · {device_label(meta)} · model {model_label(meta)} · "
-               f"variant {variant_label(meta)} · {summary.n_steps} steps")
+    st.caption(f"{entry.status} · {device_label(meta)} · {workload_label(meta)} · {summary.n_steps} steps")
     figures = headline_figures(summary)
     for column, (label, text) in zip(st.columns(len(figures)), figures.items()):
         column.metric(label, text, help=METRIC_HELP.get(label))
