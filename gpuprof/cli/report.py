@@ -8,7 +8,9 @@ import html
 from pathlib import Path
 
 from gpuprof.errors import GpuprofError
-from gpuprof.report.format import MISSING, SEVERITY_COLORS, device_label, gain_text, headline_figures, value_text
+from gpuprof.report.format import (
+    MISSING, SEVERITY_COLORS, code_parts, device_label, field_text, gain_text, headline_figures, value_text,
+)
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -33,15 +35,20 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _text_html(text: str) -> str:
+    """A fix's or verdict's text, its code spans as code."""
+    return "".join(f"<code>{html.escape(part)}</code>" if code else html.escape(part) for part, code in code_parts(text))
+
+
 def _verdict_html(verdict) -> str:
     return (f'<div class="verdict" style="border-color:{SEVERITY_COLORS[verdict.severity][1]}">'
-            f'<h2>{html.escape(verdict.headline)}</h2><p>{html.escape(verdict.why)}</p>'
-            f"<p><b>Next:</b> {html.escape(verdict.next_step)}</p></div>")
+            f'<h2>{html.escape(verdict.headline)}</h2><p>{_text_html(verdict.why)}</p>'
+            f"<p><b>Next:</b> {_text_html(verdict.next_step)}</p></div>")
 
 
 def _finding_html(finding) -> str:
     rows = "".join(
-        f"<tr><td>{html.escape(str(key))}</td><td>{html.escape(value_text(value))}</td></tr>"
+        f"<tr><td>{html.escape(field_text(key))}</td><td>{html.escape(value_text(value))}</td></tr>"
         for key, value in finding.to_dict()["evidence"].items()
     )
     gain = gain_text(finding.est_gain_pct)
@@ -50,7 +57,7 @@ def _finding_html(finding) -> str:
         f"<h3>{html.escape(finding.title)}</h3>"
         f"<p>{finding.severity} · {finding.category} · rule <code>{html.escape(finding.rule)}</code>"
         f"{' · ' + gain if gain else ''}</p>"
-        f"<p><b>Fix:</b> {html.escape(finding.fix)}</p><table>{rows}</table></div>"
+        f"<p><b>Fix:</b> {_text_html(finding.fix)}</p><table>{rows}</table></div>"
     )
 
 
@@ -118,7 +125,7 @@ def render_comparison_html(comparison, gate=None) -> str:
     ]
     for title, findings in (("Findings that appeared in B", comparison.appeared),
                             ("Findings that disappeared from A", comparison.disappeared)):
-        parts += [f"<h2>{title}</h2>", *(map(_finding_html, findings) if findings else ["<p>None.</p>"])]
+        parts += [f"<h2>{title}</h2>", *(map(_finding_html, findings) if findings else ["<p>No findings.</p>"])]
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>gpuprof compare</title>"
             f"<style>{STYLE}</style></head><body>{chr(10).join(parts)}</body></html>")
 

@@ -100,6 +100,7 @@ class Verdict:
     next_step: str
     missing: str | None = None
     evaluation: dict | None = None  # the summary's evaluation figures, when the loop evaluates (said in `why`)
+    subject: str | None = None  # where the bound lies, when a finding names it ("nan in transformer.wte")
 
     @property
     def headline(self) -> str:
@@ -108,7 +109,8 @@ class Verdict:
         if self.bound == "failure":
             return f"Stopped by {CATEGORY_TITLES[self.bound]}"
         share = f" ({fmt_share(self.share_pct)})" if self.share_pct is not None else ""
-        return f"Bound by {CATEGORY_TITLES[self.bound]}{share}"
+        subject = f": {self.subject}" if self.subject else ""
+        return f"Bound by {CATEGORY_TITLES[self.bound]}{share}{subject}"
 
     @property
     def severity(self) -> str:
@@ -188,8 +190,17 @@ def critical_trouble(summary, findings: list) -> Verdict | None:
         finding = next((f for f in findings if f.category == bound and f.severity == "critical"), None)
         if finding is not None:
             share = f": {fmt_share(share_pct)} {base}" if share_pct is not None else ""
-            return Verdict(bound, share_pct, f"{finding.title}{share}.", next_step(bound, findings))
+            return Verdict(bound, share_pct, f"{finding.title}{share}.", next_step(bound, findings),
+                           subject=origin_text(finding.evidence.get("origin")))
     return None
+
+
+def origin_text(origin) -> str | None:
+    """Where a value first went non-finite, in a few words ("nan in transformer.wte"; the step is in the why),
+    from a non-finite finding's origin; None when it names no module, tensor or op."""
+    origin = origin if isinstance(origin, dict) else {}
+    where = origin.get("module") or origin.get("tensor") or origin.get("op")
+    return f"{origin.get('first') or 'non-finite'} in {where}" if where else None
 
 
 def nonfinite_steps_pct(summary) -> float | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
+import re
 
+from dashboard_helpers import unreadable
 from processes import gpuprof_cli
 
 from gpuprof.cli.report import render_html
@@ -36,6 +38,9 @@ def test_report_shows_a_nan_runs_origin_as_its_fields_under_a_critical_verdict(s
     assert f'class="verdict" style="border-color:{SEVERITY_COLORS["critical"][1]}"' in page
     origin = page[page.index("<td>origin</td>"):].split("</tr>")[0]
     assert "phase=state" in origin and "module=transformer.wte" in origin and "None" not in origin
+    assert report.verdict.headline.endswith(": nan in transformer.wte")  # the verdict names the module
+    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", page, flags=re.S)))
+    assert not unreadable(text) and "first nonfinite step" in text  # code as code (no backticks), keys as words
     [finding] = [finding for finding in report.findings if finding.rule == "nonfinite-values"]
     assert finding.title.count("step 8") == 1  # not "from step 8: step 8: ..."
     bundle = sample_root / "nan" / "numerics" / "step-8-rank-0.pt"
