@@ -40,6 +40,13 @@ class Progress:
         self._bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_s:,.0f}")
         self._last_time, self._last_step = now, done
 
+    def logs_above(self):
+        """A context in which log lines (gpuprof's warnings as the profiler starts and stops) print above the
+        bar, not into the middle of it."""
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        return logging_redirect_tqdm(tqdm_class=type(self._bar))
+
     def close(self) -> None:
         self._bar.close()
 

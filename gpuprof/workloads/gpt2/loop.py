@@ -106,7 +106,7 @@ def run(session: Session) -> TrainResult:
     losses, first_step_end = [], None
     start = _synchronized_time(placement.device)
     injector = Injector.from_specs(config.inject)
-    with _profiler(session) as prof:
+    with progress.logs_above(), _profiler(session) as prof:
         for step in range(session.start_step, config.steps):
             _set_lr(session.optimizer, injector.lr(step, lr_at(step, config)))
             injector.before_step(step, session.raw_model)
