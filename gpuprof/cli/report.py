@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gpuprof.errors import GpuprofError
 from gpuprof.report.format import (
-    MISSING, SEVERITY_COLORS, code_parts, device_label, field_text, gain_text, headline_figures, value_text,
+    MISSING, SEVERITY_COLORS, code_parts, device_label, field_text, gain_text, headline_figures, present,
+    value_text,
 )
 
 STYLE = """
@@ -46,9 +47,17 @@ def _verdict_html(verdict) -> str:
             f"<p><b>Next:</b> {_text_html(verdict.next_step)}</p></div>")
 
 
+def _value_html(value) -> str:
+    """An evidence value; a dict of them (a NaN's origin) as a table of its fields that hold something."""
+    if isinstance(value, dict):
+        return "<table>" + "".join(f"<tr><td>{html.escape(field_text(key))}</td><td>{_value_html(item)}</td></tr>"
+                                   for key, item in present(value).items()) + "</table>"
+    return html.escape(value_text(value))
+
+
 def _finding_html(finding) -> str:
     rows = "".join(
-        f"<tr><td>{html.escape(field_text(key))}</td><td>{html.escape(value_text(value))}</td></tr>"
+        f"<tr><td>{html.escape(field_text(key))}</td><td>{_value_html(value)}</td></tr>"
         for key, value in finding.to_dict()["evidence"].items()
     )
     gain = gain_text(finding.est_gain_pct)

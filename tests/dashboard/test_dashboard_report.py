@@ -36,8 +36,9 @@ def test_report_shows_a_nan_runs_origin_as_its_fields_under_a_critical_verdict(s
     page = render_html(report, 0)
     assert report.verdict.bound == "numerics" and report.verdict.severity == "critical"
     assert f'class="verdict" style="border-color:{SEVERITY_COLORS["critical"][1]}"' in page
-    origin = page[page.index("<td>origin</td>"):].split("</tr>")[0]
-    assert "phase=state" in origin and "module=transformer.wte" in origin and "None" not in origin
+    origin = page[page.index("<td>origin</td>"):].split("</table>")[0]  # its fields, as a table of their own
+    assert "<td>phase</td><td>state</td>" in origin and "<td>module</td><td>transformer.wte</td>" in origin
+    assert "None" not in origin
     assert report.verdict.headline.endswith(": nan in transformer.wte")  # the verdict names the module
     text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", page, flags=re.S)))
     assert not unreadable(text) and "first nonfinite step" in text  # code as code (no backticks), keys as words
