@@ -50,7 +50,7 @@ def test_dashboard_serves_runs_on_localhost_and_stops_on_ctrl_c(sample_root, tmp
 
 # What a page must show once rendered: runs selected in the URL, charts drawn (at least), tables, and texts.
 PAGES = (
-    ("Runs", (), 0, 1, ["Recorded on", "plain trace", "finished", "Bound by input"]),  # runs beside plain traces
+    ("Runs", (), 0, 1, ["Recorded on", "plain trace", "cpu · tiny baseline", "Bound by input"]),  # runs beside plain traces
     ("Run", ("slow-data",), 6, 0, ["Diagnoses", "Step time by phase"]),
     ("Numerics", ("nan",), 1, 0, ["Numerics"]),
     ("Trace", ("snap",), 1, 3, ["Timeline of a step", "no device activity"]),  # empty tables named, not drawn
