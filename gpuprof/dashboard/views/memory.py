@@ -14,9 +14,10 @@ from gpuprof.analysis.trace.tables import TABLE_TITLES, missing_note, missing_vi
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import CHART_TEMPLATE, trace_memory_panel
 from gpuprof.dashboard.downsample import lttb
-from gpuprof.dashboard.views.common import need_runs, section, show_not_in_a_trace, show_panel
+from gpuprof.dashboard.views.common import need_runs, section, show_frame, show_not_in_a_trace, show_panel
 from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
+from gpuprof.report.trace_views import frame_view
 
 PAGE = "Memory"
 RECORD_HINT = ("This run has no CUDA memory snapshot. On a CUDA device, call `prof.memory_snapshot()` in the loop "
@@ -67,10 +68,10 @@ def show_trace_memory(tables: dict) -> None:
         return
     with section("Trace memory"):
         st.subheader(TABLE_TITLES["memory_summary"])
-        st.dataframe(tables["memory_summary"], hide_index=True, key="trace_memory_summary")
+        show_frame(frame_view("memory_summary", tables["memory_summary"]), "trace_memory_summary")
         show_panel(trace_memory_panel(tables["memory_timeline"]))
         st.subheader(TABLE_TITLES["memory_by_op"])
-        st.dataframe(tables["memory_by_op"], hide_index=True, key="trace_memory_by_op")
+        show_frame(frame_view("memory_by_op", tables["memory_by_op"]), "trace_memory_by_op")
 
 
 def pick_snapshot(entry) -> Path | None:
