@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from gpuprof.analysis.run.ranks import never_finished, outcome_text
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
@@ -41,7 +43,10 @@ def ranks_never_finished(ctx):
     stopped = never_finished(table)
     if stopped.empty:
         return None
-    first = stopped.sort_values("last_seen_unix_s", na_position="first").iloc[0]
+    # A rank that raised stopped by itself; the others it left waiting may have recorded their last step earlier.
+    raised = stopped["error"].notna() if "error" in stopped else pd.Series(False, index=stopped.index)
+    first = stopped.assign(raised=raised).sort_values(["raised", "last_seen_unix_s"], ascending=[False, True],
+                                                      na_position="first").iloc[0]
     described = [outcome_text(row) for row in stopped.head(EVIDENCE_RANKS).to_dict(orient="records")]
     return Finding(
         rule="ranks-never-finished",
