@@ -8,6 +8,7 @@ from functools import cached_property
 
 import pandas as pd
 
+from gpuprof.analysis.run.host_load import COLUMNS as HOST_LOAD_COLUMNS
 from gpuprof.analysis.run.host_load import HostLoad, host_load
 from gpuprof.analysis.run.hotspots import COLUMNS as HOTSPOT_COLUMNS
 from gpuprof.analysis.run.hotspots import hotspots, site_label, top_sites
@@ -244,7 +245,7 @@ class RunContext(Context):
         if rank is None:
             return None
         cpu_count = (self.run.rank_meta.get(rank) or {}).get("host_cpu_count")
-        return host_load(self.first_rank_steps, self.run.query.rank_frame("system", rank), cpu_count,
+        return host_load(self.first_rank_steps, self.run.query.rank_frame("system", rank, HOST_LOAD_COLUMNS), cpu_count,
                          self.summary.warmup.first_measured_step, self.meta.get("sample_interval_s"))
 
     def events_of(self, *kinds: str) -> pd.DataFrame:

@@ -2,8 +2,8 @@
 
 Each system sample holds the whole host's CPU use (`host_cpu_pct`) and the run's own processes' there
 (`job_cpu_pct`: the rank's process and its DataLoader workers, or under torchrun every local rank), over
-the same window: the difference is what other processes took. A step is given the sample whose window holds the step's end. Read from the first
-rank's samples and steps (its host), measured steps only.
+the same window: the difference is what other processes took. A step is given the sample whose window
+holds the step's end. Read from the first rank's samples and steps (its host), measured steps only.
 
 Another job on the machine slows a run only where the host has no core to spare: a loop waiting for a
 core is slow however its code is written, and no change to the code shows as a gain until the load goes.
@@ -25,6 +25,8 @@ SLOW_STEP_QUANTILE = 0.9  # the slowest tenth of the measured steps
 # saturated in this share of the samples: the run competed for its cores.
 CONTENDED_CORES = 0.5
 CONTENDED_SATURATED_PCT = 25.0
+# The system columns the load is read from.
+COLUMNS = ("time_unix_s", "host_cpu_pct", "job_cpu_pct")
 
 
 @dataclass(frozen=True)
