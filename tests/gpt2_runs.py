@@ -4,6 +4,8 @@ format, torch.cuda._memory_viz, with the allocations, frees and stacks of the pr
 
 from __future__ import annotations
 
+import statistics
+
 from pathlib import Path
 
 import torch
@@ -72,8 +74,9 @@ def train_step(model, optimizer, tokens: torch.Tensor) -> None:
     optimizer.zero_grad()
 
 
-def step_time_s(model, optimizer, repeats: int = 3) -> float:
-    """The best of `repeats` timed training steps on a random batch, after one untimed."""
+def step_time_s(model, optimizer, repeats: int = 5) -> float:
+    """The median of `repeats` timed training steps on a random batch, after one untimed (the best of a few
+    reads a moment the machine was quiet, and a loaded machine's later steps are slower than that)."""
     import time
 
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
@@ -83,14 +86,14 @@ def step_time_s(model, optimizer, repeats: int = 3) -> float:
         start = time.perf_counter()
         train_step(model, optimizer, tokens)
         times.append(time.perf_counter() - start)
-    return min(times)
+    return statistics.median(times)
 
 
-def record_plugin_trace(log_dir: Path, num_workers: int, data_to_compute: float = 1.5, spans: int = 1,
+def record_plugin_trace(log_dir: Path, num_workers: int, data_to_compute: float = 2.5, spans: int = 1,
                         worker_name: str | None = None, **profile_options) -> Path:
     """Trains the tiny GPT-2 under plain torch.profiler on a Dataset whose batch takes `data_to_compute`
     times a training step to prepare (measured first, so that the loop is input-bound on any machine
-    without workers), writing as the TensorBoard plugin's users do (tensorboard_trace_handler: one
+    without workers, busy ones included, and 4 workers still keep ahead of it), writing as the TensorBoard plugin's users do (tensorboard_trace_handler: one
     `*.pt.trace.json` per worker and span in `log_dir`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a loaded machine's cores: one thread steps steadily

@@ -17,10 +17,11 @@ def _row(entry) -> dict:
     summary = report.summary
     severities = [finding.severity for finding in report.findings]
     # the verdict and figures first, then how the run was recorded in one column, so that at 1440 px the table
-    # shows every column (the step count is on the Run page)
+    # shows every column; the step count stays: it is what a half-written run has to show for itself
     return {
         "run": entry.name,
         "verdict": report.verdict.headline,
+        "steps": summary.n_steps,
         "p50 ms": summary.step_time_p50_s * 1e3 if summary.step_time_p50_s is not None else None,
         "tokens/s": summary.tokens_per_s,
         "MFU %": summary.mfu * 100 if summary.mfu is not None else None,
@@ -72,6 +73,7 @@ def render(root, entries, selected) -> None:
             table, hide_index=True, key="runs_table", height=ROW_HEIGHT_PX * (min(len(table), ROWS_SHOWN) + 1) + 3,
             on_select=partial(_select_rows, table["run"].tolist()), selection_mode="multi-row",
             column_config={"verdict": st.column_config.TextColumn(width=VERDICT_WIDTH_PX),
+                           "steps": st.column_config.NumberColumn(width="small", help="optimizer steps recorded"),
                            **{name: (st.column_config.NumberColumn(format=pattern, help=FIGURE_HELP[name])
                                      if pd.api.types.is_numeric_dtype(table[name])
                                      else st.column_config.TextColumn(help=FIGURE_HELP[name]))
