@@ -38,9 +38,10 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
 
     overflow_at: a step whose loss is multiplied by 1e9 before backward, so fp16 activation
     gradients really overflow and the GradScaler skips that optimizer step.
-    clip: what clip_grad_norm_ is given: "all" parameters, the "first_block"'s, or "none" (no clipping).
+    clip: what clip_grad_norm_ is given: "all" parameters, the "first_block"'s, or "none" (no clipping);
+    "split": all parameters, clipped as Accelerate >= 1.16 does (get_total_norm, then clip_grads_with_norm_).
     Returns what the loop itself saw: losses, clip_grad_norm_ results, learning rates used, and the
-    global gradient norms before clipping (torch.nn.utils.get_total_norm).
+    global gradient norms before clipping (by hand: not through the functions gpuprof watches).
     """
     rank = int(os.environ.get("RANK", 0))
     model = tiny_model()
@@ -52,7 +53,7 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     seen = {"losses": [], "clip_norms": [], "lrs": [], "grad_norms": []}
     clipped = {"all": list(model.parameters()), "first_block": list(getattr(model, "module", model).transformer.h[0].parameters()),
-               "none": []}[clip]
+               "none": [], "split": list(model.parameters())}[clip]
     prof = None
     profile_options.setdefault("numerics", False)  # NaN forensics has its own tests (tests/numerics)
     if run_dir is not None:
@@ -76,8 +77,12 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
                 if scaler:
                     scaler.unscale_(optimizer)
                 grads = [p.grad for p in model.parameters() if p.grad is not None]
-                seen["grad_norms"].append(torch.nn.utils.get_total_norm(grads).item())
-                if clipped:
+                seen["grad_norms"].append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+                if clip == "split":
+                    total_norm = torch.nn.utils.get_total_norm(grads)
+                    seen["clip_norms"].append(total_norm.item())
+                    torch.nn.utils.clip_grads_with_norm_(clipped, 1.0, total_norm)
+                elif clipped:
                     seen["clip_norms"].append(torch.nn.utils.clip_grad_norm_(clipped, 1.0).item())
                 seen["lrs"].append(optimizer.param_groups[0]["lr"])
                 if scaler:

@@ -121,18 +121,19 @@ def test_gradient_accumulation_counts_one_step_per_optimizer_step(tmp_path):
     np.testing.assert_allclose(steps["loss"], seen["losses"], rtol=1e-6)
 
 
-def test_the_loops_own_clip_norm_is_recorded_without_a_pass_of_gpuprofs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("clip", ["all", "split"])
+def test_the_loops_own_clip_norm_is_recorded_without_a_pass_of_gpuprofs(tmp_path, monkeypatch, clip):
     own_passes = []
     monkeypatch.setattr(gradients, "tensor_norms", lambda *args, **kwargs: own_passes.append(1))
-    seen = train(tmp_path / "run", steps=3, layer_interval=0, update_ratio_interval=0)
+    seen = train(tmp_path / "run", steps=3, layer_interval=0, update_ratio_interval=0, clip=clip)
     np.testing.assert_allclose(gpuprof.load_run(tmp_path / "run").steps["grad_norm"], seen["clip_norms"], rtol=1e-6)
     assert own_passes == []
 
 
 def test_the_clip_watch_leaves_torch_as_it_found_it(tmp_path):
-    original = clip_grad._get_total_norm
+    originals = clip_grad._get_total_norm, torch.nn.utils.get_total_norm
     train(tmp_path / "run", steps=2)
-    assert clip_grad._get_total_norm is original
+    assert (clip_grad._get_total_norm, torch.nn.utils.get_total_norm) == originals
 
 
 @pytest.mark.parametrize("clip", ["none", "first_block"])
