@@ -21,16 +21,29 @@ def test_a_script_with_nothing_to_fix_reports_no_gain_outside_the_noise(tmp_path
     if result["steps"] > 20:  # the pilot fell short: the baseline was run again for that many steps
         assert result["baseline"]["run_dir"] == str(tmp_path / "plain" / "baseline")
         assert result["baseline"]["measured_steps"] >= 0.75 * result["steps"]  # warm-up left out
-    assert result["winner"] is None and result["diff"] == ""
-    assert all(trial["effect"] != "faster" for trial in result["trials"])
+    assert_no_gain_unless_the_load_differed(result)
     # a knob that changes nothing on a CPU, measured anyway, is never a gain: timed against the baseline runs
     # either side of it, it would have to beat both. (A burst of other load during its own run can still
     # pull its mean step time down to "slower": the mean counts every stalled step.)
     forced = gpuprof_tune("--steps", 100, "--only", "tf32", "--out", tmp_path / "tf32", script, "--steps", 200)
     tf32 = trials_of(forced)["tf32"]
     assert tf32["status"] == "measured" and tf32["speedup"] is not None
-    assert tf32["effect"] != "faster" and forced["winner"] is None
-    assert forced["conclusion"] == "No knob gained outside the noise (1 measured)"
+    assert_no_gain_unless_the_load_differed(forced)
+    if not tf32["host_load_differed"]:
+        assert forced["conclusion"] == "No knob gained outside the noise (1 measured)"
+
+
+def assert_no_gain_unless_the_load_differed(result: dict) -> None:
+    """Other jobs on this machine (the suite's other worker) can leave both baselines slowed and a trial
+    between them not: such a trial is marked, and the user told that part of its figure may be the load's.
+    Unmarked, a knob that changes nothing never reads as a gain."""
+    gains = [trial for trial in result["trials"] if trial["effect"] == "faster"]
+    for trial in gains:
+        assert trial["host_load_differed"], trial
+        assert any(note.startswith(f"{trial['name']} and a baseline beside it ran under different loads")
+                   for note in result["notes"]), result["notes"]
+    if not gains:
+        assert result["winner"] is None and result["diff"] == ""
 
 
 @pytest.mark.slow

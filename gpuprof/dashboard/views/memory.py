@@ -17,6 +17,7 @@ from gpuprof.dashboard.downsample import lttb
 from gpuprof.dashboard.views.common import need_runs, section, show_frame, show_not_in_a_trace, show_panel
 from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
+from gpuprof.report.frames import units_view
 from gpuprof.report.trace_views import frame_view
 
 PAGE = "Memory"
@@ -57,7 +58,7 @@ def show(snapshot: MemorySnapshot) -> None:
     else:
         st.info(HISTORY_HINT)
     st.subheader("Largest live allocations")
-    st.dataframe(snapshot.top_allocations, hide_index=True, key="memory_top")
+    show_frame(units_view(snapshot.top_allocations), "memory_top")
 
 
 def show_trace_memory(tables: dict) -> None:
