@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
-from dashboard_helpers import figures, texts, values
+from dashboard_helpers import column_config, figures, texts, values
 
 from gpuprof.analysis.memory_snapshot import read_snapshot
 from gpuprof.analysis.trace import TraceAnalysis
@@ -98,15 +98,16 @@ def test_memory_page_shows_the_oom_snapshot_timeline_and_largest_allocations(sna
     allocated = next(trace for trace in figures(app)[0]["data"] if trace["name"] == "allocated · device 0")
     assert values(allocated, "y")[-1] * GIB == pytest.approx(expected.allocated_bytes)
     assert values(allocated, "y").max() * GIB == pytest.approx(expected.timeline["allocated_bytes"].max())
-    top = app.dataframe[0].value
-    for column in ("size_bytes", "top_frame"):
-        assert top[column].fillna("").tolist() == expected.top_allocations[column].fillna("").tolist()
+    top, labels = app.dataframe[0].value, {name: config.get("label") for name, config in column_config(app.dataframe[0]).items()}
+    assert top["size_bytes"].tolist() == [figure(size, "bytes") for size in expected.top_allocations["size_bytes"]]
+    assert top["top_frame"].tolist() == expected.top_allocations["top_frame"].fillna("n/a").tolist()
+    assert labels["size_bytes"] == "size" and labels["requested_bytes"] == "requested"  # not raw column names
 
     box.select_index(1).run()
     assert not app.exception and not app.get("plotly_chart")
     assert texts(app.info) == [memory.HISTORY_HINT]
-    assert app.dataframe[0].value["size_bytes"].tolist() == \
-        read_snapshot(on_demand_file).top_allocations["size_bytes"].tolist()
+    assert app.dataframe[0].value["size_bytes"].tolist() == [
+        figure(size, "bytes") for size in read_snapshot(on_demand_file).top_allocations["size_bytes"]]
 
 
 def test_dashboard_without_a_folder_or_runs_dir_is_one_line_and_exit_2(tmp_path):
