@@ -36,7 +36,11 @@ def one_loss(loss: Any) -> torch.Tensor | float | None:
     elements (a loss per term, or per sample) and a dict, list or tuple of losses count as their float32
     sum, non-finite when any term is; a one-element tensor as a 0-d one; a model output by its `.loss`.
     None for what holds no number. A device tensor stays on the device (no sync)."""
-    if not isinstance(loss, torch.Tensor) and hasattr(loss, "loss"):
+    if loss is None:
+        return None  # no loss besides the given one, most steps: before the Mapping and Real checks (ABCs')
+    if isinstance(loss, torch.Tensor):
+        return _one_tensor_loss(loss)
+    if hasattr(loss, "loss"):
         loss = loss.loss  # a Hugging Face ModelOutput is a Mapping of logits too: its loss is the loss
     if isinstance(loss, Mapping):
         loss = list(loss.values())
@@ -45,14 +49,18 @@ def one_loss(loss: Any) -> torch.Tensor | float | None:
                  for term in map(one_loss, loss) if term is not None]
         return read_if_host(sum(terms[1:], terms[0])) if terms else None
     if isinstance(loss, torch.Tensor):
-        if loss.numel() != 1:
-            return read_if_host(loss.detach().float().sum())
-        if loss.is_cpu:
-            return loss.item()  # the loss a loop passes, every step: one op, not three
-        return loss.detach() if loss.dim() == 0 else loss.detach().reshape(())
+        return _one_tensor_loss(loss)
     if isinstance(loss, numbers.Real):
         return float(loss)
     return None
+
+
+def _one_tensor_loss(loss: torch.Tensor) -> torch.Tensor | float:
+    if loss.numel() != 1:
+        return read_if_host(loss.detach().float().sum())
+    if loss.is_cpu:
+        return loss.item()  # the loss a loop passes, every step: one op, not three
+    return loss.detach() if loss.dim() == 0 else loss.detach().reshape(())
 
 
 def read_if_host(value: Any) -> Any:

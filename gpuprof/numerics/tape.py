@@ -333,7 +333,7 @@ class Tape:
     def _from_model(self, args, kwargs) -> bool:
         """Whether a call takes a model output, a parameter or a result of a kept call."""
         known, names = self._known, self._names()
-        for tensor in (*leaves(args), *leaves(kwargs)):
+        for tensor in (*leaves(args), *leaves(kwargs)) if kwargs else leaves(args):
             found = known.get(id(tensor))
             if found is not None and found[1] is tensor or id(tensor) in names:
                 return True
@@ -382,10 +382,9 @@ class Tape:
         known = self._known.get(id(tensor))
         if known is not None and known[1] is tensor:
             return known[0]
-        if isinstance(tensor, torch.nn.Parameter):
-            name = self._names().get(id(tensor))
-            if name is not None:
-                return Param(name)
+        name = self._names().get(id(tensor))  # before the Parameter check, a Python-level metaclass one
+        if name is not None and isinstance(tensor, torch.nn.Parameter):
+            return Param(name)
         if tensor.grad_fn is not None:  # computed from the model by a call gpuprof did not see
             raise RuntimeError(f"the loss uses a {tuple(tensor.shape)} tensor computed by a call gpuprof "
                                "cannot record (e.g. an autograd.Function)")
@@ -426,12 +425,12 @@ class Tape:
 def _keep_what_the_target_needs(micro: MicroBatch) -> None:
     """Drops the loss calls the target does not depend on; forward calls stay (they are the step's).
     A call mutating a tensor that a needed call reads is needed too (it ran before that read)."""
-    needed: set[int] = {ref.item for ref in _references(micro.target)}
+    needed = _items_read(micro.target)
     for index in range(len(micro.items) - 1, -1, -1):
         item = micro.items[index]
         if not isinstance(item, LossCall):
             continue
-        refs = {ref.item for ref in _references((item.args, item.kwargs))}
+        refs = _items_read((item.args, item.kwargs))
         if index in needed or _mutates(item.func) and refs & needed:
             needed |= refs
             needed.add(index)
@@ -450,10 +449,21 @@ def _keep_what_the_target_needs(micro: MicroBatch) -> None:
     micro.items, micro.target = items, _map(micro.target, REFERENCES, renumber)
 
 
-def _references(value) -> list:
-    """The Output and Result references in a value (at any depth)."""
-    found: list = []
-    _map(value, REFERENCES, lambda ref: found.append(ref) if isinstance(ref, (Output, Result)) else None)
+def _items_read(value, found: set[int] | None = None) -> set[int]:
+    """The items (forward and loss calls) whose results a value refers to, at any depth: the `item` of
+    its Output and Result references."""
+    found = set() if found is None else found
+    kind = type(value)
+    if kind is Output or kind is Result:
+        found.add(value.item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            if type(item) not in _PLAIN:
+                _items_read(item, found)
+    elif kind is tuple or kind is list or (isinstance(value, (list, tuple)) and not isinstance(value, REFERENCES)):
+        for item in value:
+            if type(item) not in _PLAIN:
+                _items_read(item, found)
     return found
 
 
@@ -492,11 +502,25 @@ def leaves(value: Any) -> list[torch.Tensor]:
     """The tensors in an output, in order, through lists, tuples and mappings (Hugging Face ModelOutput)."""
     if isinstance(value, torch.Tensor):
         return [value]
-    if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in ((item,) if isinstance(item, torch.Tensor) else leaves(item))]
-    if isinstance(value, Mapping):
-        return [leaf for item in value.values() for leaf in leaves(item)]
+    kind = type(value)
+    if kind in _PLAIN:
+        return []
+    # exact types before the isinstance checks: a Mapping check is an ABC's, a Python call per value
+    if kind is tuple or kind is list or (kind is not dict and isinstance(value, (list, tuple))):
+        return _leaves_of(value)
+    if kind is dict or isinstance(value, Mapping):
+        return _leaves_of(value.values())
     return []
+
+
+def _leaves_of(items) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif type(item) not in _PLAIN:
+            found += leaves(item)
+    return found
 
 
 # ---------------------------------------------------------------------- replay
