@@ -15,6 +15,8 @@ The sum stays on the device (one add per micro-batch, no host-device sync). A ba
 no loss the loop runs (none at all, or only `torch.autograd.grad`) records no loss, which the
 report shows as n/a. gpuprof's own backward passes (the forensic re-run of a bad step) run while
 the listener is `paused()`: they are not the loop's, and would add the bad step's loss to the next.
+The same wrapper tells `watch_starts` callbacks that a backward() call begins (the automatic phases'
+backward start, gpuprof.capture.phases).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import contextlib
 import functools
 import logging
 import weakref
+from typing import Callable
 
 import torch
 
 logger = logging.getLogger("gpuprof")
 
 _listeners: list["BackwardLosses"] = []
+_starts: list[Callable[[], None]] = []  # told at every backward() call, before its pass (see watch_starts)
 _originals: dict[str, object] = {}
 
 
@@ -41,7 +45,7 @@ class BackwardLosses:
         self._paused = False
 
     def listen(self) -> None:
-        if not _listeners:
+        if not _listeners and not _starts:
             _install()
         if self not in _listeners:
             _listeners.append(self)
@@ -49,7 +53,7 @@ class BackwardLosses:
     def stop(self) -> None:
         if self in _listeners:
             _listeners.remove(self)
-        if not _listeners:
+        if not _listeners and not _starts:
             _uninstall()
 
     def take(self, given: object = None) -> torch.Tensor | None:
@@ -102,6 +106,22 @@ def _loss_of(tensors) -> torch.Tensor | None:
     return loss if loss.dim() == 0 else loss.reshape(())
 
 
+def watch_starts(callback: Callable[[], None]) -> Callable[[], None]:
+    """`callback()` at every backward() call, before its pass runs (where the automatic phases' backward
+    begins: one Python call, no hook to register per step); it must not raise. Returns what stops it."""
+    if not _listeners and not _starts:
+        _install()
+    _starts.append(callback)
+    return lambda: _unwatch_start(callback)
+
+
+def _unwatch_start(callback: Callable[[], None]) -> None:
+    if callback in _starts:
+        _starts.remove(callback)
+        if not _listeners and not _starts:
+            _uninstall()
+
+
 def _take(tensors) -> None:
     try:
         loss = _loss_of(tensors)
@@ -112,6 +132,9 @@ def _take(tensors) -> None:
         logger.warning("gpuprof: cannot read the loss at backward(): %r; no loss is recorded", error)
         _uninstall()
         _listeners.clear()
+        _starts.clear()
+    for start in tuple(_starts):
+        start()
 
 
 def _install() -> None:

@@ -15,13 +15,15 @@ the step does (gpuprof.capture.producers), in whatever order the loop does it:
   model to the end of the last one before the step's training work goes on (a loop calling the model
   in evaluation itself, as the Accelerate example does). Reported apart; never data or forward.
 - forward: a training call of the root module (`module.training` and grad enabled), from its
-  forward pre-hook to the start of the backward pass through its output (a prehook on the grad_fn
-  of the first output tensor: a Hugging Face model's loss, else its logits). A loss computed outside
-  the model therefore counts as forward, and so does the rest of what the loop does between the model
-  call and `backward()`, data excepted. With no backward through the outputs, the forward ends at
-  the module's forward hook.
+  forward pre-hook to the loop's `backward()` call that follows it (seen in `torch.autograd.backward`,
+  where every backward() ends: gpuprof.capture.losses; a hook registered on each step's output
+  graph cost about 70 us a step on a CPU). A loss computed outside the model therefore counts as
+  forward, and so does the rest of what the loop does between the model call and `backward()`, data
+  excepted; the loss's own backward counts as backward, as for a loss the model computes. With no
+  backward() after it, the forward ends at the module's forward hook.
 - backward: from that start to the end of the autograd pass (gpuprof.capture.backward, seen as
-  `on_after_backward`); from the end of the forward when the pass did not start at its outputs.
+  `on_after_backward`); from the end of the forward when no backward() call was seen (a pass run by
+  `torch.autograd.grad`, or by a `backward` the loop bound before gpuprof started).
 - optimizer: `optimizer.step()` itself, from its step pre-hook to its step post-hook.
 Clipping, `zero_grad`, logging and the rest are `other`, which the stack sampler
 (gpuprof.capture.stack_sampler) names by the user's functions.
@@ -35,11 +37,11 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from gpuprof.capture import losses
 from gpuprof.capture.producers import (Found, Span, Wrapped, find_evaluator, find_producers, found, model_inputs,
                                        unwatch_dataloaders, watch_dataloaders)
 from gpuprof.capture.timing import PhaseTimes
@@ -55,14 +57,6 @@ def is_training_call(module: torch.nn.Module) -> bool:
     return module.training and torch.is_grad_enabled()
 
 
-def _first_graph_output(output: Any) -> torch.Tensor | None:
-    """The first tensor with a grad_fn that a forward returned: itself, or the first at the top level of a
-    tuple, list, dict or ModelOutput (a Hugging Face model's loss when it computed one, else its logits)."""
-    values = [output] if isinstance(output, torch.Tensor) else output.values() if isinstance(output, Mapping) \
-        else output if isinstance(output, (tuple, list)) else ()
-    return next((value for value in values if isinstance(value, torch.Tensor) and value.grad_fn is not None), None)
-
-
 class PhaseHooks:
     """A collector timing the phases of each step from model, autograd and optimizer hooks."""
 
@@ -71,7 +65,7 @@ class PhaseHooks:
     def __init__(self, model: Any, optimizer: Any, clock):
         self._model, self._optimizer, self._clock = model, optimizer, clock
         self._handles: list = []
-        self._backward_prehook = None
+        self._stop_watching_backward = lambda: None
         self._times: PhaseTimes | None = None
         self._data_start: float | None = None
         self._forward_start = self._forward_end = self._backward_start = self._optimizer_start = None
@@ -98,7 +92,6 @@ class PhaseHooks:
             return None if self._model is None else (phases, f"the model is a {type(self._model).__name__}, "
                                                                "not a torch.nn.Module")
         guard = prof.collectors.guard
-        self._backward_prehook = guard(self, "grad_fn_prehook", self._backward_begins)
         try:
             self._handles.append(prof.collectors.hook(self, self._model, "forward_pre", self._forward_begins))
             self._handles.append(self._model.register_forward_hook(
@@ -109,6 +102,7 @@ class PhaseHooks:
                           guard(self, "data_produced", self._data_produced))
         self._eval = Span(guard(self, "eval_begins", self._eval_begins), guard(self, "eval_ends", self._eval_ends))
         watch_dataloaders(self._data)
+        self._stop_watching_backward = losses.watch_starts(guard(self, "backward_begins", self._backward_begins))
         return None
 
     def _hook_optimizer(self, prof) -> tuple[tuple[str, ...], str] | None:
@@ -139,6 +133,7 @@ class PhaseHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._stop_watching_backward()
         if self._data is not None:
             unwatch_dataloaders(self._data)
         for wrapped in self._wrapped:
@@ -243,16 +238,14 @@ class PhaseHooks:
         if self._forward_start is None or self._forward_end is not None:  # not a training call
             return
         self._forward_end = self._clock.stamp()
-        tensor = _first_graph_output(output)
-        if tensor is not None:  # one prehook: each costs a few microseconds
-            tensor.grad_fn.register_prehook(self._backward_prehook)
 
-    def _backward_begins(self, grad_outputs) -> None:
-        if self._backward_start is not None:  # a second forward's output in the same pass
+    def _backward_begins(self) -> None:
+        """A backward() call: the training forward that ended before it ends here, unless a pass began
+        already (a second forward's loss in the same pass, a backward inside the pass)."""
+        if self._backward_start is not None or self._forward_end is None:
             return
         self._backward_start = self._clock.stamp()
-        if self._forward_start is not None:
-            self._times.add("forward", self._forward_start, self._backward_start)
+        self._times.add("forward", self._forward_start, self._backward_start)
         self._forward_start = self._forward_end = None
 
     def _optimizer_begins(self, optimizer, args, kwargs) -> None:

@@ -235,7 +235,7 @@ def test_a_batch_fetched_between_forward_and_backward_is_taken_out_of_the_forwar
     for now_s, event in [(1.0, lambda: hooks._forward_begins(model, (), {})),
                          (2.0, lambda: hooks._forward_ends(model, (), torch.zeros(1))),
                          (2.5, hooks._data.__enter__), (4.0, hooks._data.__exit__),
-                         (4.5, lambda: hooks._backward_begins(None)), (5.0, lambda: hooks.on_after_backward(None, 0))]:
+                         (4.5, lambda: hooks._backward_begins()), (5.0, lambda: hooks.on_after_backward(None, 0))]:
         clock.now_s = now_s
         event()
     clock.now_s = 6.0
