@@ -93,7 +93,7 @@ def record_plugin_trace(log_dir: Path, num_workers: int, data_to_compute: float 
                         worker_name: str | None = None, **profile_options) -> Path:
     """Trains the tiny GPT-2 under plain torch.profiler on a Dataset whose batch takes `data_to_compute`
     times a training step to prepare (measured first, so that the loop is input-bound on any machine
-    without workers, busy ones included, and 4 workers still keep ahead of it), writing as the TensorBoard plugin's users do (tensorboard_trace_handler: one
+    without workers, busy ones included, and workers can keep ahead of it), writing as the TensorBoard plugin's users do (tensorboard_trace_handler: one
     `*.pt.trace.json` per worker and span in `log_dir`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a loaded machine's cores: one thread steps steadily
