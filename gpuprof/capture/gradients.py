@@ -113,6 +113,9 @@ class GradientCollector:
         self._joined = False  # sharded: whether this step's all-reduce was made
         self._failed: str | None = None  # sharded: why this rank stopped computing norms
         self._clips_compiled = False  # the loop clips inside torch.compile'd code, unseen (see clipping)
+        self._clipped = False  # this step's gradients were clipped by the loop
+        self._clipped_steps = 0
+        self._clip_max_norm: float | None = None  # the last the loop clipped to
 
     # -- hooks
     def on_start(self, prof) -> None:
@@ -122,8 +125,9 @@ class GradientCollector:
             before, after = self._ranks_safe(self._before_optimizer_step), self._ranks_safe(self._after_optimizer_step)
             self._handles = [hook(self, self._optimizer, "step_pre", before),
                              hook(self, self._optimizer, "step_post", after)]
-        self._stop_clip_watch = clipping.watch(prof.collectors.guard(self, "clip_grad_norm",
-                                                                     self._ranks_safe(self._clip_seen)))
+        guard = prof.collectors.guard
+        self._stop_clip_watch = clipping.watch(guard(self, "clip_grad_norm", self._ranks_safe(self._clip_seen)),
+                                               guard(self, "clip_grad_norm", self._clip_made))
 
     def on_close(self, prof) -> None:
         for handle in self._handles:
@@ -137,7 +141,7 @@ class GradientCollector:
 
     def on_step_start(self, prof, step: int) -> None:
         self._total, self._param_norms, self._passes, self._update_norms, self._joined = None, None, 0, None, False
-        self._step, self._weights_before = step, None
+        self._step, self._weights_before, self._clipped = step, None, False
         self._layer_step = bool(self._layer_interval) and step % self._layer_interval == 0
         self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0
 
@@ -179,6 +183,15 @@ class GradientCollector:
         else:
             self._take_norm(True)
 
+    def _clip_made(self, max_norm: float | None) -> None:
+        self._clipped = True
+        if max_norm is not None:
+            self._clip_max_norm = max_norm
+
+    def meta(self, prof) -> dict:
+        """How often the loop clipped its gradients and to what: the rules' advice on clipping reads it."""
+        return {"gradient_clipping": {"clipped_steps": self._clipped_steps, "max_norm": self._clip_max_norm}}
+
     def _is_global_norm(self, grads: list, norm_type: float) -> bool:
         """The norm this collector records: the 2-norm over the model's own, unscaled gradients."""
         if norm_type != 2.0 or not grads or any(self._still_scaled()):
@@ -197,7 +210,9 @@ class GradientCollector:
 
     def on_step_end(self, prof, state) -> dict:
         fields = {"micro_batches": self._passes or None}
-        if clipping.compiled_clip_ran() and not self._clips_compiled:
+        compiled_clip = clipping.compiled_clip_ran()
+        self._clipped_steps += self._clipped or compiled_clip
+        if compiled_clip and not self._clips_compiled:
             self._clips_compiled = True  # from the next step on, the norm is taken before that clip
             self._total = self._param_norms = None  # this step's was taken after it: not the norm before clipping
         else:

@@ -104,6 +104,15 @@ class Context:
         facts = (self.meta.get("loop") or {}).get(part)
         return facts if isinstance(facts, dict) else {}
 
+    @property
+    def loop_clipping(self) -> dict | None:
+        """{clipped_steps, max_norm} where capture saw the loop clip its gradients (meta["gradient_clipping"];
+        max_norm None where it was a tensor, or the clip ran inside compiled code); None where it did not."""
+        clipping = self.meta.get("gradient_clipping")
+        if not isinstance(clipping, dict) or not clipping.get("clipped_steps"):
+            return None
+        return clipping
+
     def config_value(self, *keys: str):
         """The first of `keys` present in the run's config (workloads name their knobs differently).
         Evidence only: a user's loop has no such config, so no rule may fire on it alone."""

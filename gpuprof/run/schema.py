@@ -228,6 +228,11 @@ class DistributedFacts(_Facts):
     sharding: dict[str, Any] | None = None  # FSDP: parallel, fsdp_units, state bytes
 
 
+class GradientClipping(_Facts):
+    clipped_steps: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_norm: float | None = None
+
+
 class RunMeta(_Facts):
     """`meta.json` of a run (docs/run-format.md)."""
 
@@ -247,6 +252,7 @@ class RunMeta(_Facts):
     compute_dtype: str | None = None
     peak_flops_per_s: float | None = None
     distributed: DistributedFacts | None = None
+    gradient_clipping: GradientClipping | None = None
     options: dict[str, Any] | None = None
     clock: str | None = None
     sample_interval_s: float | None = None

@@ -204,12 +204,13 @@ class Blocks(torch.nn.Module):
         return self.head(x)
 
 
-def run_loop(run_dir, *, model=None, corrupt=None, fp16_scaler=False, guard_scheduler=True, wrap=None):
+def run_loop(run_dir, *, model=None, corrupt=None, fp16_scaler=False, guard_scheduler=True, wrap=None,
+             clip=None):
     """A real 16-step loop under gpuprof.profile.
 
     corrupt(step, x) -> x changes a batch; fp16_scaler: autocast fp16 with a GradScaler and a
     per-step LR scheduler, stepped only on real optimizer steps when guard_scheduler;
-    wrap(model) -> the module trained (DataParallel).
+    wrap(model) -> the module trained (DataParallel); clip: the max_norm of a clip_grad_norm_ before each update.
     """
     import gpuprof
 
@@ -233,6 +234,8 @@ def run_loop(run_dir, *, model=None, corrupt=None, fp16_scaler=False, guard_sche
                 scaler.scale(loss).backward()
             with prof.phase("optimizer"):
                 scale_before = scaler.get_scale() if fp16_scaler else None
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
@@ -250,6 +253,7 @@ def overflow_from(first_step: int):
 LOOPS = {
     "healthy": {},
     "corrupt_batch": {"corrupt": lambda step, x: x * 1e3 if step == 12 else x},
+    "corrupt_batch_clipped": {"corrupt": lambda step, x: x * 1e3 if step == 12 else x, "clip": 1.0},
     "nan_input": {"corrupt": lambda step, x: x.fill_(float("nan")) if step == 6 else x},
     "fp16_guarded": {"fp16_scaler": True},
     "fp16_overflow": {"fp16_scaler": True, "corrupt": overflow_from(8), "guard_scheduler": False},

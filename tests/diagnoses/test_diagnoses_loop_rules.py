@@ -38,6 +38,17 @@ def test_loss_spike_points_at_the_corrupt_batch(loop_runs):
     assert finding.evidence["spikes"][0]["step"] == 12
 
 
+def test_exploding_gradients_advises_clipping_only_to_a_loop_that_does_not_clip(loop_runs):
+    (unclipped,) = fired(loop_runs["corrupt_batch"], "exploding-gradients")
+    assert unclipped.fix.startswith("Clip gradients: torch.nn.utils.clip_grad_norm_")
+    assert unclipped.evidence["loop_clips_to"] is None
+    clipped_run = loop_runs["corrupt_batch_clipped"]
+    assert clipped_run.meta["gradient_clipping"] == {"clipped_steps": 16, "max_norm": 1.0}
+    (clipped,) = fired(clipped_run, "exploding-gradients")  # the norm before the clip still spikes
+    assert clipped.fix.startswith("The loop already clips gradients to 1, which bounds each update")
+    assert clipped.evidence["loop_clips_to"] == 1.0 and "clip_grad_norm_" not in clipped.fix
+
+
 def test_nonfinite_values_names_the_first_bad_step(loop_runs):
     (finding,) = fired(loop_runs["nan_input"], "nonfinite-values")
     assert finding.evidence["first_nonfinite_step"] == 6

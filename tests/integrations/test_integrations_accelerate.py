@@ -32,8 +32,10 @@ def test_accelerate_loop_with_accumulation(tmp_path):
                 step_losses.append(torch.stack(micro_losses).mean())
                 prof.step(loss=step_losses[-1], tokens=len(micro_losses) * batch["input_ids"].numel())
                 micro_losses = []
-    steps = gpuprof.load_run(tmp_path / "run").steps
+    run = gpuprof.load_run(tmp_path / "run")
+    steps = run.steps
     assert steps["step"].tolist() == [0, 1, 2, 3]
+    assert run.meta["gradient_clipping"] == {"clipped_steps": 4, "max_norm": 0.1}  # however Accelerate clips
     assert steps["micro_batches"].tolist() == [2, 2, 2, 2]
     assert (steps["tokens"] == 2 * BATCH * SEQ).all()
     np.testing.assert_allclose(steps["grad_norm"], clip_norms, rtol=1e-5)  # the norms before clipping

@@ -71,12 +71,21 @@ def exploding_gradients(ctx):
             "grad_norm_spikes": event_summary(norm_spikes),
             "exploding_blocks": event_summary(blocks),
             "grad_clip": ctx.config_value("grad_clip", "max_grad_norm"),
+            "loop_clips_to": (ctx.loop_clipping or {}).get("max_norm"),
         },
-        fix=(
-            f"Clip gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0){ctx.workload_flags('--grad-clip 1.0')}; "
-            "lower the peak LR or lengthen its warm-up, and check the batch at that step."
-        ),
+        fix=_clip_advice(ctx) + "lower the peak LR or lengthen its warm-up, and check the batch at that step.",
     )
+
+
+def _clip_advice(ctx) -> str:
+    """Clip, unless the loop does already: then clipping bounded the update, not what grew the gradients."""
+    clipping = ctx.loop_clipping
+    if clipping is None:
+        return (f"Clip gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
+                f"{ctx.workload_flags('--grad-clip 1.0')}; ")
+    to = "" if clipping.get("max_norm") is None else f" to {clipping['max_norm']:g}"
+    return (f"The loop already clips gradients{to}, which bounds each update but not what made the gradients "
+            "grow: ")
 
 
 @rule("vanishing-gradients", "numerics")

@@ -68,9 +68,9 @@ def nonfinite_values(ctx):
             "nonfinite_grad_unskipped_steps": steps.loc[bad_grad, "step"].nunique(),
             "origin": {"step": blame["step"], **blame["details"]} if blame else None,
         },
-        fix=_replay_text(ctx, blame) + _start_text(blame) + " Usual causes: an LR too high (lower it, add warm-up, "
-        "`clip_grad_norm_(1.0)`), fp16 overflow (use bf16 or a GradScaler), log/sqrt/divide of zero (add an "
-        "epsilon), bad input data.",
+        fix=_replay_text(ctx, blame) + _start_text(blame) + " Usual causes: an LR too high (lower it, add warm-up"
+        + (", `clip_grad_norm_(1.0)`" if ctx.loop_clipping is None else "") + "), fp16 overflow (use bf16 or a "
+        "GradScaler), log/sqrt/divide of zero (add an epsilon), bad input data.",
     )
 
 
