@@ -304,6 +304,7 @@ class SystemSampler:
         # the first system row soon, also in a short run
         next_system = now + min(self.interval_s, DEVICE_INTERVAL_S) if self.samples_system else float("inf")
         next_stack = now + self.stacks.interval_s if self.stacks is not None else float("inf")
+        system_rows = 0
         while not self._stop.wait(max(0.0, min(next_system, next_stack) - time.monotonic())):
             now = time.monotonic()
             if now >= next_stack:
@@ -312,10 +313,16 @@ class SystemSampler:
                     self.stacks, next_stack = None, float("inf")
             if now >= next_system:
                 next_system = now + self.interval_s
-                if not self._take("system", lambda: self._prof.writer.write("system", [self.sample()])):
+                if not self._take("system", self._write_sample):
                     next_system = float("inf")
+                system_rows += 1
             if next_system == next_stack == float("inf"):
                 return
+        if not system_rows and next_system != float("inf"):  # a run shorter than the first interval: a row at its end
+            self._take("system", self._write_sample)
+
+    def _write_sample(self) -> None:
+        self._prof.writer.write("system", [self.sample()])
 
     def _take(self, kind: str, take) -> bool:
         """Runs one `kind` ("system" or "stack") of sampling; its first failure stops that kind (logged, an event),

@@ -53,6 +53,13 @@ def test_an_explicit_sample_interval_is_kept(tmp_path):
     assert len(run.system) >= 3  # about 40 (at 1 s, the host-only default: 2); the margin is for a loaded machine
 
 
+def test_a_run_shorter_than_the_first_interval_still_has_a_host_row(tmp_path):
+    with gpuprof.profile(tmp_path / "run", sample_interval_s=30) as prof:
+        prof.step()
+    system = gpuprof.load_run(tmp_path / "run").system
+    assert len(system) == 1 and system["proc_rss_bytes"].iloc[0] > 50e6  # taken as the run closed
+
+
 @pytest.mark.parametrize("bad", [-1, "often", True])
 def test_a_bad_sample_interval_is_one_clear_error(tmp_path, bad):
     with pytest.raises(GpuprofError, match="sample_interval_s"):
