@@ -75,8 +75,10 @@ class TuneResult:
                     else "Nothing to try: no finding has a fix tune can apply from outside the script")
         parity = self.winner.parity.get("status", "not recorded")
         interval = self.winner.speedup
+        load = ("; measured under another host load than a baseline beside it: tune again on a quiet machine to be "
+                "sure" if self.winner.host_load_differed else "")
         return (f"{' + '.join(self.winner.knobs)}: {interval.point:.2f}x faster (95% CI {interval.low:.2f}-"
-                f"{interval.high:.2f}x), numerics {parity}")
+                f"{interval.high:.2f}x), numerics {parity}{load}")
 
     def to_dict(self) -> dict:
         return {
