@@ -14,6 +14,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 VOCAB, SEQ, BATCH = 256, 32, 4
 PLUGIN_CYCLE_STEPS = 8  # record_plugin_trace's profiler schedule: wait 4, warm up 1, record 3
+# record_plugin_trace's batch: steps of tens of ms, against which a loader's handoff from its workers (a few ms
+# under load: a pipe read, scheduling) is no input bound; 4 sequences step in ~6 ms, where it was read as one
+PLUGIN_BATCH = 8 * BATCH
 
 
 def tiny_gpt2() -> tuple[GPT2LMHeadModel, torch.optim.Optimizer]:
@@ -74,12 +77,12 @@ def train_step(model, optimizer, tokens: torch.Tensor) -> None:
     optimizer.zero_grad()
 
 
-def step_time_s(model, optimizer, repeats: int = 5) -> float:
+def step_time_s(model, optimizer, batch: int, repeats: int = 5) -> float:
     """The median of `repeats` timed training steps on a random batch, after one untimed (the best of a few
     reads a moment the machine was quiet, and a loaded machine's later steps are slower than that)."""
     import time
 
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    tokens = torch.randint(0, VOCAB, (batch, SEQ))
     train_step(model, optimizer, tokens)
     times = []
     for _ in range(repeats):
@@ -99,11 +102,11 @@ def record_plugin_trace(log_dir: Path, num_workers: int, data_to_compute: float 
     torch.set_num_threads(1)  # a loaded machine's cores: one thread steps steadily
     try:
         model, optimizer = tiny_gpt2()
-        item_delay_s = data_to_compute * step_time_s(model, optimizer) / BATCH
+        item_delay_s = data_to_compute * step_time_s(model, optimizer, PLUGIN_BATCH) / PLUGIN_BATCH
         # Workers get the first steps (the schedule's wait) to fill their queue, as a real loop's warm-up does.
         extra = {"persistent_workers": True, "prefetch_factor": 4} if num_workers else {}
-        loader = torch.utils.data.DataLoader(SlowTokens(BATCH * (PLUGIN_CYCLE_STEPS * spans + 4), item_delay_s),
-                                             batch_size=BATCH, num_workers=num_workers, **extra)
+        loader = torch.utils.data.DataLoader(SlowTokens(PLUGIN_BATCH * (PLUGIN_CYCLE_STEPS * spans + 4), item_delay_s),
+                                             batch_size=PLUGIN_BATCH, num_workers=num_workers, **extra)
         schedule = torch.profiler.schedule(wait=4, warmup=1, active=3, repeat=spans)
         handler = torch.profiler.tensorboard_trace_handler(str(log_dir), worker_name=worker_name)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
