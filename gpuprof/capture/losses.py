@@ -45,7 +45,7 @@ class BackwardLosses:
         self._paused = False
 
     def listen(self) -> None:
-        if not _listeners and not _starts:
+        if not _in_use():
             _install()
         if self not in _listeners:
             _listeners.append(self)
@@ -53,7 +53,7 @@ class BackwardLosses:
     def stop(self) -> None:
         if self in _listeners:
             _listeners.remove(self)
-        if not _listeners and not _starts:
+        if not _in_use():
             _uninstall()
 
     def take(self, given: object = None) -> torch.Tensor | None:
@@ -109,7 +109,7 @@ def _loss_of(tensors) -> torch.Tensor | None:
 def watch_starts(callback: Callable[[], None]) -> Callable[[], None]:
     """`callback()` at every backward() call, before its pass runs (where the automatic phases' backward
     begins: one Python call, no hook to register per step); it must not raise. Returns what stops it."""
-    if not _listeners and not _starts:
+    if not _in_use():
         _install()
     _starts.append(callback)
     return lambda: _unwatch_start(callback)
@@ -118,8 +118,13 @@ def watch_starts(callback: Callable[[], None]) -> Callable[[], None]:
 def _unwatch_start(callback: Callable[[], None]) -> None:
     if callback in _starts:
         _starts.remove(callback)
-        if not _listeners and not _starts:
+        if not _in_use():
             _uninstall()
+
+
+def _in_use() -> bool:
+    """Whether anyone listens, loss or start: the wrappers are installed exactly then."""
+    return bool(_listeners or _starts)
 
 
 def _take(tensors) -> None:

@@ -108,10 +108,8 @@ class Context:
     def loop_clipping(self) -> dict | None:
         """{clipped_steps, max_norm} where capture saw the loop clip its gradients (meta["gradient_clipping"];
         max_norm None where it was a tensor, or the clip ran inside compiled code); None where it did not."""
-        clipping = self.meta.get("gradient_clipping")
-        if not isinstance(clipping, dict) or not clipping.get("clipped_steps"):
-            return None
-        return clipping
+        clipping = self.meta.get("gradient_clipping") or {}  # its types checked by the reader (run.schema)
+        return clipping if clipping.get("clipped_steps") else None
 
     def config_value(self, *keys: str):
         """The first of `keys` present in the run's config (workloads name their knobs differently).

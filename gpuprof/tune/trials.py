@@ -274,6 +274,9 @@ def bracket(trial: Trial, report, before, after) -> None:
                              max(i.high for i in intervals), intervals[0].confidence)
 
 
+RETUNE_QUIETLY = "tune again on a quiet machine to be sure"  # the advice for a figure another host load may hold
+
+
 def host_load_note(trial: Trial, report, baselines) -> str | None:
     """The warning that the trial's figure holds a different share of other processes' work than a baseline
     report's beside it (gpuprof.report.contract.host_load_difference); marks the trial. A warning, not a veto:
@@ -283,7 +286,7 @@ def host_load_note(trial: Trial, report, baselines) -> str | None:
         if difference is not None:
             trial.host_load_differed = True
             return (f"{trial.name} and a baseline beside it ran under different loads ({difference.a} against "
-                    f"{difference.b} in the trial): part of its figure may be the load's; tune again on a quiet machine to be sure")
+                    f"{difference.b} in the trial): part of its figure may be the load's; {RETUNE_QUIETLY}")
     return None
 
 

@@ -31,7 +31,7 @@ from gpuprof.run.jsonable import json_safe
 from gpuprof.run.writer import write_json_atomic
 from gpuprof.tune.edits import diff_of
 from gpuprof.tune.trials import (
-    Trial, WorkloadTarget, await_file, bracket, effect_of, host_load_note, launch, read,
+    RETUNE_QUIETLY, Trial, WorkloadTarget, await_file, bracket, effect_of, host_load_note, launch, read,
 )
 
 PILOT_STEPS = 20
@@ -75,8 +75,8 @@ class TuneResult:
                     else "Nothing to try: no finding has a fix tune can apply from outside the script")
         parity = self.winner.parity.get("status", "not recorded")
         interval = self.winner.speedup
-        load = ("; measured under another host load than a baseline beside it: tune again on a quiet machine to be "
-                "sure" if self.winner.host_load_differed else "")
+        load = (f"; measured under another host load than a baseline beside it: {RETUNE_QUIETLY}"
+                if self.winner.host_load_differed else "")
         return (f"{' + '.join(self.winner.knobs)}: {interval.point:.2f}x faster (95% CI {interval.low:.2f}-"
                 f"{interval.high:.2f}x), numerics {parity}{load}")
 
