@@ -60,12 +60,13 @@ class CollectorSet:
         self._ever_added: list[Any] = []
         self._on_failure = on_failure
         self._by_hook: dict[str, list[tuple[Any, Any]]] = {}  # hook -> (collector, bound method), enabled ones
+        self._stoppers: list[Any] | None = None  # enabled collectors that may set stop_training
         self._shared: dict[tuple[int, str], _SharedHook] = {}  # (id(target), event) -> its one torch hook
 
     def add(self, collector: Any) -> None:
         self._collectors.append(collector)
         self._ever_added.append(collector)
-        self._by_hook.clear()
+        self._forget_lookups()
 
     def close_all(self, prof) -> None:
         """on_close for every collector, switched-off ones too, so each removes its hooks."""
@@ -81,7 +82,7 @@ class CollectorSet:
         """Every collector off at once and closed, its hooks removed: the Profiler itself broke, so none of
         its code may run in the loop again. A collector failing to close now is not reported."""
         self._collectors.clear()
-        self._by_hook.clear()
+        self._forget_lookups()
         self.close_all(prof)
         self._ever_added.clear()
 
@@ -103,6 +104,17 @@ class CollectorSet:
             methods = self._by_hook[hook] = [(collector, getattr(collector, hook)) for collector in self._collectors
                                              if getattr(collector, hook, None) is not None]
         return methods
+
+    def stop_requests(self) -> list[tuple[Any, BaseException]]:
+        """(collector, error) for each enabled collector whose stop_training is set now."""
+        if self._stoppers is None:
+            self._stoppers = [collector for collector in self._collectors if hasattr(collector, "stop_training")]
+        return [(collector, collector.stop_training) for collector in self._stoppers
+                if collector.stop_training is not None]
+
+    def _forget_lookups(self) -> None:
+        self._by_hook.clear()
+        self._stoppers = None
 
     def _invoke(self, collector: Any, hook: str, method, args: tuple) -> Any:
         if collector not in self._collectors:  # switched off earlier in this round
@@ -143,7 +155,7 @@ class CollectorSet:
     def disable(self, collector: Any, hook: str, error: BaseException) -> None:
         if collector in self._collectors:
             self._collectors.remove(collector)
-            self._by_hook.clear()
+            self._forget_lookups()
             self._on_failure(collector, hook, error)
 
 

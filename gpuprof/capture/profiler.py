@@ -291,11 +291,9 @@ class Profiler:
         if self._joiners and not self._closed:
             self._join_step_collectives()
         if self._active:
-            for collector in self.collectors:
-                error = getattr(collector, "stop_training", None)
-                if error is not None:  # raised on purpose, e.g. on_nonfinite="raise"
-                    collector.stop_training = None
-                    raise error
+            for collector, error in self.collectors.stop_requests():  # raised on purpose, e.g. on_nonfinite="raise"
+                collector.stop_training = None
+                raise error
 
     def _join_step_collectives(self) -> None:
         """A collector with a per-step collective (sharded gradient norms) that is switched off on this
@@ -366,13 +364,14 @@ class Profiler:
         fields = {
             "step": self.step_index, "rank": self.ranks.rank, "time_unix_s": time.time(),
             "loss": state.loss, "tokens": tokens,
-            "micro_batches": _micro_batches(self._step_phases) or _micro_batches(automatic),
             "_timing": _timing(self.clock, self._step_start, end, self._step_phases, automatic),
             "capture_time_s": lambda: own_work_s[0],
         }
         for extra in self.collectors.call("on_step_end", self, state):
             if extra:
                 fields.update(extra)
+        if "micro_batches" not in fields:  # the gradient collector counts backward passes where it runs
+            fields["micro_batches"] = _micro_batches(self._step_phases) or _micro_batches(automatic)
         self._pending.append((PendingRecord(fields), self._stamps_to_wait_for(end, automatic)))
         own_work_s.append(time.perf_counter() - own_work_started)
         self._drain(False)
