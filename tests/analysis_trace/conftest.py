@@ -35,6 +35,12 @@ class TraceBuilder:
     def step(self, number, ts, dur):
         return self.host(f"ProfilerStep#{number}", ts, dur, cat="user_annotation")
 
+    def memory(self, ts, nbytes, tid=1):
+        """A profile_memory=True allocator event on the CPU: an allocation of `nbytes`, a free when negative."""
+        self.events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": tid,
+                            "ts": ts, "args": {"Bytes": nbytes, "Device Type": 0, "Device Id": -1}})
+        return self
+
     def launch(self, name, ts, dur, launch_ts=None, launch_dur=1, stream=7, cat="kernel", call="cudaLaunchKernel", tid=1):
         """A device event on `stream` and the runtime call that launched it."""
         self._correlation += 1

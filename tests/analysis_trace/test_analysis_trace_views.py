@@ -1,7 +1,8 @@
 """The TensorBoard plugin's views from plain torch.profiler traces: operators (self and total time, by input
 shape, by call stack), kernels (by op, tensor cores, occupancy), memory and modules. On a real CPU trace recorded
 with every option (tests/views_model.py, one recording per session), on the shared GPU traces where they have
-the fields, and on a trace recorded without the options (each view then says what to record)."""
+the fields, on a trace recorded without the options (each view then says what to record), and on built traces
+where an allocation's op depends on its sub-µs time."""
 
 from __future__ import annotations
 
@@ -101,6 +102,30 @@ def test_memory_over_time_and_allocations_by_op_match_the_allocator_events(views
     assert by_op.loc["aten::addmm", "allocated_bytes"] == (
         WINDOW_STEPS * model.BATCH * (model.HIDDEN + model.OUT) * model.FLOAT_BYTES)
     assert by_op["allocations"].sum() == summary["allocations"]
+
+
+def test_an_allocation_belongs_to_the_op_it_was_recorded_in_not_to_its_rounded_microsecond(tmp_path, builder):
+    """Events of a recorded views trace that failed the test above (names and times; pid, tid and arguments cut):
+    addmm allocated 194.048, then expand started at 194.879 in the same µs; empty allocated 260.487 and ended
+    at 260.767, in the last µs that rounding leaves out of it."""
+    base = 5559150542000
+    (builder.host("aten::linear", base + 184.905, 16.063).host("aten::addmm", base + 191.945, 8.903)
+     .memory(base + 194.048, 32).host("aten::expand", base + 194.879, 1.332)
+     .host("aten::as_strided", base + 195.761, 0.38)
+     .host("aten::mse_loss", base + 240.437, 71.977).host("aten::empty", base + 259.375, 1.392)
+     .memory(base + 260.487, 32))
+    by_op = TraceAnalysis(builder.write(tmp_path / "trace.json")).memory_by_op(None)
+    assert dict(zip(by_op["op"], by_op["allocations"])) == {"aten::addmm": 1, "aten::empty": 1}
+
+
+def test_an_allocation_at_an_ops_start_is_the_ops_and_at_its_end_is_after_it(tmp_path, builder):
+    """An op spans [start, end) of its recorded ns, as in the TensorBoard plugin: an event at the instant one op
+    ends and the next starts counts once, in the next."""
+    builder.host("outer", 1000, 10).host("inner", 1003.5, 2).host("next", 1010, 1)
+    for ts, nbytes in ((1000, 1), (1003.5, 2), (1005.5, 4), (1010, 8), (1011, 16)):
+        builder.memory(ts, nbytes)
+    by_op = TraceAnalysis(builder.write(tmp_path / "trace.json")).memory_by_op(None)
+    assert dict(zip(by_op["op"], by_op["allocated_bytes"])) == {"outer": 1 + 4, "inner": 2, "next": 8, "(no op)": 16}
 
 
 def test_each_view_says_what_to_record_when_the_trace_lacks_it(cpu_profiler_trace, views_trace, capsys):

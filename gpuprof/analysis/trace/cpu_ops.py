@@ -19,7 +19,8 @@ from gpuprof.analysis.trace.events import device_events
 from gpuprof.analysis.trace.loader import RankTrace, Trace
 
 TREE_KINDS = ("cpu_op", "runtime", "python_function")
-TREE_COLUMNS = ["ts_us", "end_us", "dur_us", "name", "pid", "tid", "kind", "correlation", "input_dims", "stack"]
+TREE_COLUMNS = ["ts_us", "end_us", "dur_us", "ts_frac_ns", "end_frac_ns", "name", "pid", "tid", "kind", "correlation",
+                "input_dims", "stack"]
 FIGURES = ["count", "total_us", "self_us", "device_total_us", "device_self_us"]
 COLUMNS = ["rank", "name", "count", "total_us", "mean_us", "max_us", "self_us", "device_total_us", "device_self_us"]
 SHAPE_COLUMNS = ["rank", "name", "input_dims", *FIGURES]

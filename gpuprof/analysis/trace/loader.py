@@ -39,7 +39,7 @@ PLUGIN_FILE_RE = re.compile(r"^(?P<worker>.+)\.(?P<timestamp>\d+)\.pt\.trace\.js
 MEMORY_EVENT = "[memory]"
 MEMORY_FIGURES = ("bytes", "total_allocated_bytes", "total_reserved_bytes")
 # RankTrace.memory: one row per "[memory]" event, in time order (bytes < 0: a free).
-MEMORY_COLUMNS = ["ts_us", "pid", "tid", "device", *MEMORY_FIGURES]
+MEMORY_COLUMNS = ["ts_us", "ts_frac_ns", "pid", "tid", "device", *MEMORY_FIGURES]
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -89,7 +89,8 @@ class _TraceDocument(msgspec.Struct, gc=False):
 
 @dataclass
 class RankTrace:
-    """The complete ("X") events of one rank, one row per event, times in integer µs."""
+    """The complete ("X") events of one rank, one row per event, times in integer µs; ts_frac_ns and
+    end_frac_ns: the recorded time less the rounded one, in ns (recorded_ns)."""
 
     rank: int
     events: pd.DataFrame
@@ -111,6 +112,11 @@ class Trace:
 
     ranks: dict[int, RankTrace]
     base_ts_us: int
+
+
+def recorded_ns(frame: pd.DataFrame, time: str = "ts") -> np.ndarray:
+    """Column `time`_us of RankTrace.events or .memory as recorded: ns from the trace's base, not rounded."""
+    return frame[f"{time}_us"].to_numpy() * 1000 + frame[f"{time}_frac_ns"].to_numpy()
 
 
 def trace_files(path) -> list[Path]:
@@ -188,7 +194,8 @@ class _Columns:
     INTEGERS = ("stream", "device", "correlation", "external_id")
     FLOATS = ("blocks_per_sm", "occupancy_pct")
     DTYPES = {**dict.fromkeys(STRINGS, np.int32), **dict.fromkeys(INTEGERS, np.int64),
-              **dict.fromkeys(FLOATS, np.float32), "start_abs": np.float64, "end_abs": np.float64}
+              **dict.fromkeys(FLOATS, np.float32), "start_abs": np.float64, "end_abs": np.float64,
+              "ts_frac_ns": np.int16, "end_frac_ns": np.int16}
 
     def __init__(self, file: Path):
         self.file = file
@@ -213,10 +220,13 @@ class _Columns:
                 f"{self.file}: complete event {event.name!r} at ts {event.ts} lacks 'name', 'ts' or 'dur' "
                 "or has a time out of range"
             )
-        # Whole µs, rounded inward as HTA does; float64 is exact for these magnitudes.
+        # Whole µs, rounded inward as HTA does, not ending before the start; float64 is exact for these magnitudes.
         start = np.ceil(ts)
+        end = np.maximum(np.floor(ts + dur), start)
         self.parts["start_abs"].append(start)
-        self.parts["end_abs"].append(np.floor(ts + dur))
+        self.parts["end_abs"].append(end)
+        self.parts["ts_frac_ns"].append(_frac_ns(ts, start))
+        self.parts["end_frac_ns"].append(_frac_ns(np.maximum(ts + dur, ts), end))
         self.start_min = min(self.start_min, float(start.min()))
         for key in self.EVENT_STRINGS:
             self.parts[key].append(_codes(list(map(attrgetter(key), complete)), self.codes[key]))
@@ -287,6 +297,11 @@ class _MemoryColumns:
             columns[key] = categorical(columns[key], key)
         columns["device"] = pd.Categorical([name for part in self.device_parts for name in part])
         return columns
+
+
+def _frac_ns(time: np.ndarray, rounded: np.ndarray) -> np.ndarray:
+    """Kineto's ns that rounding to whole µs dropped (under 1000; exact: `time` is near `rounded`)."""
+    return np.rint((time - rounded) * 1000).astype(np.int16)
 
 
 def _device_name(device_type, device_id) -> str:
@@ -376,8 +391,10 @@ def _rank_trace(rank: int, item: dict, base: float) -> RankTrace:
     columns = item.pop("columns")
     order = np.argsort(columns["start_abs"], kind="stable")
     start = (columns.pop("start_abs")[order] - base).astype(np.int64)
-    end = np.maximum((columns.pop("end_abs")[order] - base).astype(np.int64), start)
+    end = (columns.pop("end_abs")[order] - base).astype(np.int64)
     data = {"ts_us": start, "end_us": end, "dur_us": end - start}
+    for key in ("ts_frac_ns", "end_frac_ns"):
+        data[key] = columns.pop(key)[order]
     for key in _Columns.STRINGS:
         values = columns.pop(key)
         data[key] = pd.Categorical.from_codes(values.codes[order], dtype=values.dtype)
@@ -402,7 +419,8 @@ def _memory_frame(columns: dict, base: float) -> pd.DataFrame:
     if not columns:
         return pd.DataFrame(columns=MEMORY_COLUMNS)
     order = np.argsort(columns["ts_abs"], kind="stable")
-    data = {"ts_us": (np.ceil(columns.pop("ts_abs")[order]) - base).astype(np.int64)}
-    for key in MEMORY_COLUMNS[1:]:
+    ts = columns.pop("ts_abs")[order]
+    data = {"ts_us": (np.ceil(ts) - base).astype(np.int64), "ts_frac_ns": _frac_ns(ts, np.ceil(ts))}
+    for key in MEMORY_COLUMNS[2:]:
         data[key] = columns[key][order]
     return pd.DataFrame(data)

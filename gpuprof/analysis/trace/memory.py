@@ -1,5 +1,6 @@
 """The memory view (the TensorBoard plugin's), from profile_memory=True traces: memory over time per device,
-its peaks, and allocations by the CPU op that made them (the innermost op around each "[memory]" event)."""
+its peaks, and allocations by the CPU op that made them (the innermost op around each "[memory]" event, at
+the times Kineto recorded)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analysis.trace import nesting
-from gpuprof.analysis.trace.loader import Trace
+from gpuprof.analysis.trace.loader import Trace, recorded_ns
 
 TIMELINE_POINTS = 500  # per device: the highest point of each of this many equal time slices
 TIMELINE_COLUMNS = ["rank", "device", "ts_us", "allocated_bytes", "reserved_bytes"]
@@ -75,11 +76,17 @@ def memory_by_op(trace: Trace, trees: dict, limit: int | None = 10) -> pd.DataFr
 
 
 def _allocating_ops(tree, memory: pd.DataFrame) -> np.ndarray:
-    """The innermost CPU op on the same thread around each memory event, NO_OP outside every op."""
+    """The innermost CPU op on the same thread whose [start, end) holds each memory event, NO_OP outside every
+    op, as the TensorBoard plugin places them. On the recorded ns: in whole µs an allocation made just before a
+    child op starts, in the same µs, falls in the child, and one made in an op's last µs falls after the op."""
     ops = tree.events[tree.events["kind"].eq("cpu_op").to_numpy()]
-    points = memory[["ts_us", "pid", "tid"]].assign(end_us=memory["ts_us"])
-    both = pd.concat([ops[["ts_us", "end_us", "pid", "tid"]], points], ignore_index=True)
-    owner = nesting.nearest(nesting.parents(both), np.arange(len(both)) < len(ops))[len(ops):]
+    # An op's last ns is end - 1: an event at the instant one op ends and the next starts is the next's.
+    spans = pd.DataFrame({"start": recorded_ns(ops), "last": recorded_ns(ops, "end") - 1,
+                          "pid": ops["pid"].to_numpy(), "tid": ops["tid"].to_numpy()})
+    at = recorded_ns(memory)
+    points = pd.DataFrame({"start": at, "last": at, "pid": memory["pid"].to_numpy(), "tid": memory["tid"].to_numpy()})
+    both = pd.concat([spans, points], ignore_index=True)
+    owner = nesting.nearest(nesting.parents(both, "start", "last"), np.arange(len(both)) < len(ops))[len(ops):]
     names = np.append(ops["name"].to_numpy(), NO_OP)
     return names[np.where(owner >= 0, owner, len(ops))]
 

@@ -15,17 +15,17 @@ import pandas as pd
 NONE = -1
 
 
-def thread_order(events: pd.DataFrame) -> np.ndarray:
+def thread_order(events: pd.DataFrame, start: str = "ts_us", end: str = "end_us") -> np.ndarray:
     """Positions of `events` sorted by thread, then start, the longer first on a tie."""
-    return np.lexsort((-events["end_us"].to_numpy(), events["ts_us"].to_numpy(), _thread_codes(events)))
+    return np.lexsort((-events[end].to_numpy(), events[start].to_numpy(), _thread_codes(events)))
 
 
-def parents(events: pd.DataFrame) -> np.ndarray:
-    """For each row of `events` (host events with ts_us, end_us, pid, tid), the position of the innermost
-    other row on the same thread that encloses it, or NONE."""
-    order = thread_order(events)
-    starts = events["ts_us"].to_numpy()[order]
-    ends = events["end_us"].to_numpy()[order]
+def parents(events: pd.DataFrame, start: str = "ts_us", end: str = "end_us") -> np.ndarray:
+    """For each row of `events` (host events with times `start` and `end`, pid, tid), the position of the
+    innermost other row on the same thread that encloses it, or NONE."""
+    order = thread_order(events, start, end)
+    starts = events[start].to_numpy()[order]
+    ends = events[end].to_numpy()[order]
     threads = _thread_codes(events)[order]
     candidate = np.arange(len(order)) - 1
     if len(order):
