@@ -157,7 +157,7 @@ class _LossWindow(TorchFunctionMode):
                 given[_LEAVE_KEY] = _LeaveWhenDropped(self.tape)
             return result
         out = func(*args, **kwargs)
-        self.tape.safely(self.tape.record_call, func, args, kwargs, out)
+        self.tape.record_call(func, args, kwargs, out)
         return out
 
 
@@ -205,7 +205,7 @@ class Tape:
         self._micro: MicroBatch | None = None
         self._known: dict[int, tuple[Any, torch.Tensor]] = {}  # id(tensor) -> (reference, tensor kept alive)
         self._scaled_items: set[int] = set()  # the loss calls computed from the GradScaler's scale
-        self._uses_scale = False  # whether the loss call being recorded takes the scale (see _encode_tensor)
+        self._reads: dict[int, set[int]] = {}  # loss call -> the items (forward and loss calls) it reads
         self._param_names: dict[int, str] | None = None
         self._handles: list = []
         self._step_index = 0
@@ -243,8 +243,10 @@ class Tape:
 
     def take(self) -> StepTape:
         """The step's tape (called once per step, at its end); the next step starts a new one."""
-        self._leave_window()
-        self.safely(self._drop_open_micro_batch)
+        if self._pushed:
+            self._leave_window()
+        if self._micro is not None:
+            self.safely(self._drop_open_micro_batch)
         self._awaiting_backward = False
         self._forget()
         step, self._step = self._step, StepTape()
@@ -258,11 +260,15 @@ class Tape:
         try:
             function(*args)
         except Exception as error:  # noqa: BLE001 - never raise into the training loop
-            self._step.error = f"recording stopped: {error!r}"
-            self._window.recording = False
+            self._stop(error)
+
+    def _stop(self, error: Exception) -> None:
+        self._step.error = f"recording stopped: {error!r}"
+        self._window.recording = False
 
     def _on_forward(self, module, args, kwargs) -> None:
-        self._leave_window()  # model code is not part of the loss program
+        if self._pushed:
+            self._leave_window()  # model code is not part of the loss program
         self.safely(self._before_forward, args, kwargs)
 
     def _on_forward_end(self, module, args, output) -> None:
@@ -309,43 +315,103 @@ class Tape:
         self._direct_seen_at = self._step_index if direct else None
 
     def record_call(self, func, args, kwargs, out) -> None:
-        results = leaves(out)
-        if not results and not _mutates(func):
-            return  # .size(), .item(), .shape: nothing the loss can depend on
-        if not self._from_model(args, kwargs):
-            return  # the loop's other work (its next batch): what it made enters by reference
-        items = self._micro.items
-        index = len(items)
+        """Keeps a call of the window that takes the model's values; never raises (like `safely`,
+        written out: this runs for every call in the window)."""
+        if self._step.error is not None:
+            return
+        try:
+            results = (out,) if isinstance(out, torch.Tensor) else leaves(out)
+            if not results and not _mutates(func):
+                return  # .size(), .item(), .shape: nothing the loss can depend on
+            micro, refs, outside = self._micro, [], []
+            args = self._encoded(args, micro, refs, outside)
+            kwargs = self._encoded(kwargs, micro, refs, outside) if kwargs else {}
+            if refs:  # else the loop's other work (its next batch): what it made enters by reference
+                self._keep_call(LossCall(func, args, kwargs, autocast_now() if _ANY_AUTOCAST() else None,
+                                         user_frame()), results, refs, outside)
+        except Exception as error:  # noqa: BLE001 - never raise into the training loop
+            self._stop(error)
+
+    def _keep_call(self, call: LossCall, results, refs: list, outside: list[torch.Tensor]) -> None:
+        micro = self._micro
         self._kept_calls += 1
         if self._kept_calls > MAX_LOSS_CALLS:
             raise RuntimeError(f"more than {MAX_LOSS_CALLS} torch calls on the path from the model's outputs "
                                "before backward(): not a loss computation gpuprof keeps")
-        self._uses_scale = False
-        encode = self._encode_tensor
-        items.append(LossCall(func, _map(args, torch.Tensor, encode), _map(kwargs, torch.Tensor, encode),
-                              autocast_now(), user_frame()))
-        if self._uses_scale:
+        if outside:
+            refs += self._keep_consts(micro, outside)
+        index = len(micro.items)
+        micro.items.append(call)
+        reads = self._reads[index] = set()
+        for ref in refs:
+            if type(ref) is Output or type(ref) is Result:
+                reads.add(ref.item)
+        if self.scaler is not None and self._takes_scale(micro, refs):
             self._scaled_items.add(index)
         known = self._known
         for leaf, tensor in enumerate(results):
             known[id(tensor)] = (Result(index, leaf), tensor)
 
-    def _from_model(self, args, kwargs) -> bool:
-        """Whether a call takes a model output, a parameter or a result of a kept call."""
-        known, names = self._known, self._names()
-        for tensor in (*leaves(args), *leaves(kwargs)) if kwargs else leaves(args):
-            found = known.get(id(tensor))
-            if found is not None and found[1] is tensor or id(tensor) in names:
-                return True
-        return False
+    def _encoded(self, value, micro: MicroBatch, refs: list, outside: list):
+        """`value` (a call's arguments or keywords: a tuple, list or dict) with each tensor in it, at any
+        depth, replaced by its reference. References to the model's values (its outputs, parameters,
+        kept results and constants) go to `refs`; any other tensor becomes the next Const, kept in
+        `outside` (micro.consts takes it only if the call is kept: see _keep_consts)."""
+        is_dict = isinstance(value, dict)
+        items = value.values() if is_dict else value
+        if _PLAIN.issuperset(map(type, items)):  # no tensor in it (most keywords, index tuples): a walk in C
+            return dict(value) if is_dict else type(value)(value)
+        known, encoded = self._known, []
+        for item in items:
+            if type(item) in _PLAIN:
+                encoded.append(item)
+            elif isinstance(item, torch.Tensor):
+                found = known.get(id(item))
+                if found is None or found[1] is not item:
+                    found = self._parameter_or_const(item, micro, outside)
+                if found[1] is not None:
+                    refs.append(found[0])
+                encoded.append(found[0])
+            elif isinstance(item, (list, tuple, dict)):
+                encoded.append(self._encoded(item, micro, refs, outside))
+            else:
+                encoded.append(item)
+        return dict(zip(value, encoded)) if is_dict else type(value)(encoded)
+
+    def _parameter_or_const(self, tensor: torch.Tensor, micro: MicroBatch, outside: list) -> tuple[Any, Any]:
+        """(the reference, the parameter) of a tensor not seen before; (a new Const, None) for one from
+        outside the model."""
+        name = self._names().get(id(tensor))  # before the Parameter check, a Python-level metaclass one
+        if name is not None and isinstance(tensor, torch.nn.Parameter):
+            return Param(name), tensor
+        outside.append(tensor)
+        return Const(len(micro.consts) + len(outside) - 1), None
+
+    def _keep_consts(self, micro: MicroBatch, outside: list[torch.Tensor]) -> list[Const]:
+        """The kept call's tensors from outside the model enter micro.consts; their references."""
+        refs = []
+        for tensor in outside:
+            if tensor.grad_fn is not None:  # computed from the model by a call gpuprof did not see
+                raise RuntimeError(f"the loss uses a {tuple(tensor.shape)} tensor computed by a call gpuprof "
+                                   "cannot record (e.g. an autograd.Function)")
+            micro.consts.append(tensor)
+            refs.append(Const(len(micro.consts) - 1))
+            self._known[id(tensor)] = (refs[-1], tensor)
+        return refs
+
+    def _takes_scale(self, micro: MicroBatch, refs: list) -> bool:
+        """Whether a loss call takes the GradScaler's scale (made inside the window at the first
+        scaler.scale()) or a result computed from it."""
+        return any(self._scale_derived(micro, ref) for ref in refs)
 
     def close_micro_batch(self, tensor) -> None:
         micro, self._micro = self._micro, None
         self._kept_calls = 0
         known = self._known.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
         if micro is not None and known is not None:
-            micro.target = self._unscaled(micro, known[0]) if self._scale_derived(micro, known[0]) else known[0]
-            _keep_what_the_target_needs(micro)
+            scaled = self.scaler is not None and self._scale_derived(micro, known[0])
+            micro.target = self._unscaled(micro, known[0]) if scaled else known[0]
+            _keep_what_the_target_needs(micro, self._reads)
         elif micro is not None:
             self._step.error = "backward() was called on a tensor computed where gpuprof could not see it"
         if micro is not None:
@@ -369,30 +435,6 @@ class Tape:
             return micro.consts[ref.index] is getattr(self.scaler, "_scale", None)
         return isinstance(ref, Result) and ref.item in self._scaled_items
 
-    def _encode_tensor(self, tensor: torch.Tensor):
-        """A loss call's tensor argument -> its reference; notes in `_uses_scale` whether it is or
-        comes from the GradScaler's scale."""
-        ref = self._reference(self._micro, tensor)
-        if self.scaler is not None and not self._uses_scale:
-            scale = getattr(self.scaler, "_scale", None)  # made inside the window at the first scaler.scale()
-            self._uses_scale = tensor is scale or self._scale_derived(self._micro, ref)
-        return ref
-
-    def _reference(self, micro: MicroBatch, tensor: torch.Tensor):
-        known = self._known.get(id(tensor))
-        if known is not None and known[1] is tensor:
-            return known[0]
-        name = self._names().get(id(tensor))  # before the Parameter check, a Python-level metaclass one
-        if name is not None and isinstance(tensor, torch.nn.Parameter):
-            return Param(name)
-        if tensor.grad_fn is not None:  # computed from the model by a call gpuprof did not see
-            raise RuntimeError(f"the loss uses a {tuple(tensor.shape)} tensor computed by a call gpuprof "
-                               "cannot record (e.g. an autograd.Function)")
-        micro.consts.append(tensor)
-        ref = Const(len(micro.consts) - 1)
-        self._known[id(tensor)] = (ref, tensor)
-        return ref
-
     def _names(self) -> dict[int, str]:
         if self._param_names is None:
             self._param_names = {id(p): n for n, p in eager_model(self.model).named_parameters()}
@@ -401,10 +443,11 @@ class Tape:
     def _forget(self) -> None:
         self._known.clear()
         self._scaled_items.clear()
+        self._reads.clear()
 
     def _drop_open_micro_batch(self) -> None:
         """A forward whose output never reached backward() (e.g. a metric pass with grad on)."""
-        if self._micro is not None and self._micro.target is None:
+        if self._micro.target is None:
             self._step.micro_batches.remove(self._micro)
 
     # ------------------------------------------------------------------ the mode stack
@@ -422,21 +465,19 @@ class Tape:
             self._pushed = False
 
 
-def _keep_what_the_target_needs(micro: MicroBatch) -> None:
+def _keep_what_the_target_needs(micro: MicroBatch, reads: dict[int, set[int]]) -> None:
     """Drops the loss calls the target does not depend on; forward calls stay (they are the step's).
-    A call mutating a tensor that a needed call reads is needed too (it ran before that read)."""
-    needed = _items_read(micro.target)
+    A call mutating a tensor that a needed call reads is needed too (it ran before that read).
+    `reads`: each loss call's index -> the items it reads."""
+    needed = {micro.target.item} if isinstance(micro.target, (Output, Result)) else set()
     for index in range(len(micro.items) - 1, -1, -1):
-        item = micro.items[index]
-        if not isinstance(item, LossCall):
-            continue
-        refs = _items_read((item.args, item.kwargs))
-        if index in needed or _mutates(item.func) and refs & needed:
-            needed |= refs
+        read = reads.get(index)  # None for a forward call
+        if read is not None and (index in needed or _mutates(micro.items[index].func) and read & needed):
+            needed |= read
             needed.add(index)
+    if needed.issuperset(reads):
+        return  # every loss call is needed (the usual case)
     kept = [index for index, item in enumerate(micro.items) if not isinstance(item, LossCall) or index in needed]
-    if len(kept) == len(micro.items):
-        return
     new_index = {old: new for new, old in enumerate(kept)}
 
     def renumber(ref):
@@ -449,24 +490,6 @@ def _keep_what_the_target_needs(micro: MicroBatch) -> None:
     micro.items, micro.target = items, _map(micro.target, REFERENCES, renumber)
 
 
-def _items_read(value, found: set[int] | None = None) -> set[int]:
-    """The items (forward and loss calls) whose results a value refers to, at any depth: the `item` of
-    its Output and Result references."""
-    found = set() if found is None else found
-    kind = type(value)
-    if kind is Output or kind is Result:
-        found.add(value.item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            if type(item) not in _PLAIN:
-                _items_read(item, found)
-    elif kind is tuple or kind is list or (isinstance(value, (list, tuple)) and not isinstance(value, REFERENCES)):
-        for item in value:
-            if type(item) not in _PLAIN:
-                _items_read(item, found)
-    return found
-
-
 def _top_mode():
     depth = torch._C._len_torch_function_stack()
     return torch._C._get_function_stack_at(depth - 1) if depth else None
@@ -477,8 +500,9 @@ def _mutates(func) -> bool:
     return name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")
 
 
-# the values torch calls mostly take besides tensors: passed over without isinstance checks
-_PLAIN = frozenset({int, float, bool, str, slice, type(None), type(Ellipsis), torch.dtype, torch.device})
+# the values torch calls mostly take besides tensors, and the types `leaves` found to hold no tensor
+# (Hugging Face's cache, in every model output): passed over without isinstance checks
+_PLAIN = {int, float, bool, str, slice, type(None), type(Ellipsis), torch.dtype, torch.device, torch.Size}
 
 
 def _map(value: Any, kind, function: Callable) -> Any:
@@ -505,11 +529,12 @@ def leaves(value: Any) -> list[torch.Tensor]:
     kind = type(value)
     if kind in _PLAIN:
         return []
-    # exact types before the isinstance checks: a Mapping check is an ABC's, a Python call per value
+    # exact types, then a dict's check, before the Mapping check: an ABC's, slow on caches a step has flushed
     if kind is tuple or kind is list or (kind is not dict and isinstance(value, (list, tuple))):
         return _leaves_of(value)
-    if kind is dict or isinstance(value, Mapping):
+    if isinstance(value, dict) or isinstance(value, Mapping):
         return _leaves_of(value.values())
+    _PLAIN.add(kind)
     return []
 
 
