@@ -126,7 +126,7 @@ class GradientCollector:
             self._handles = [hook(self, self._optimizer, "step_pre", before),
                              hook(self, self._optimizer, "step_post", after)]
         guard = prof.collectors.guard
-        self._stop_clip_watch = clipping.watch(guard(self, "clip_grad_norm", self._ranks_safe(self._clip_seen)),
+        self._stop_clip_watch = clipping.watch(guard(self, "clip_grad_norm", self._ranks_safe(self._loop_norm_seen)),
                                                guard(self, "clip_grad_norm", self._clip_made))
 
     def on_close(self, prof) -> None:
@@ -173,7 +173,7 @@ class GradientCollector:
         if before_update:
             self._notify()
 
-    def _clip_seen(self, grads: list, norm_type: float, total: torch.Tensor) -> None:
+    def _loop_norm_seen(self, grads: list, norm_type: float, total: torch.Tensor) -> None:
         """The loop's clip_grad_norm_ computed `total` over `grads`, which it is about to clip."""
         if self._total is not None or not self._passes:
             return
