@@ -40,7 +40,7 @@ NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
 # fail_in: where gpuprof's own code raises; (module, name) of the function made to raise
 FAILURES = {
     "collector": ("gpuprof.capture.gradients", "tensor_norms"),  # inside the collector's own hook
-    "profiler-before": ("gpuprof.capture.profiler", "_micro_batches"),  # the Profiler, before the all-reduce
+    "profiler-before": ("gpuprof.capture.profiler", "_timing"),  # the Profiler, before the all-reduce
     "profiler-after": ("gpuprof.capture.profiler", "all_finite"),  # the Profiler, after it
     "collector-after": ("gpuprof.capture.gradients", "all_finite"),  # the collector switched off after it
 }
