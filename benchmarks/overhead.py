@@ -23,6 +23,13 @@ freed by a captured block may stay with the process into the next bare one: a lo
   ops     the torch ops a captured step calls that a bare one does not (torch.profiler's counts of the aten
           ops called from Python, not those an op runs inside, over --ops-steps steps of each, captured minus
           bare, per step): a count that holds on a loaded machine, where each call costs microseconds cold
+  entries empty hooks at the torch events gpuprof is entered from (the model's forward pre-hook and
+          hook, the optimizer's step pre- and post-hooks, two parameters' post-accumulate-grad hooks
+          queueing an engine callback, `torch.autograd.backward` wrapped, a TorchFunctionMode from the
+          forward's end to `backward()`, `prof.step()`), each a no-op behind `torch._dynamo.disable` as
+          gpuprof's are: --pairs interleaved pairs against bare, on every clock. What being entered costs,
+          without the work done there, to set beside the headline's added time; a block's own movement
+          (about +-400 us a step here with 15 pairs) needs 60 pairs or so to show it
   stacks  the stack sampler (gpuprof.capture.stack_sampler): interleaved pairs captured with every default,
           stack samples off and on (at --stack-interval-s, default the Profiler's), the increase in
           wall time per step; and each sample's own time on the sampler's thread, wall and CPU, with
@@ -36,6 +43,7 @@ freed by a captured block may stay with the process into the next bare one: a lo
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components cold
     .venv/bin/python benchmarks/overhead.py --pairs 1 --components ops
     .venv/bin/python benchmarks/overhead.py --pairs 3 --components stacks --stacks-pairs 20
+    .venv/bin/python benchmarks/overhead.py --threads 1 --pairs 60 --loss outside --no-clip --components entries
     .venv/bin/python benchmarks/overhead.py --model 124m --batch 1 --seq 128 --pairs 6 --steps 2
     .venv/bin/python benchmarks/overhead.py --model 124m --device cuda --dtype bf16 --batch 16 --seq 1024
 """
@@ -57,6 +65,7 @@ from typing import Callable
 import psutil
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -481,6 +490,55 @@ def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, di
     return result, medians, len(samples_us["wall"])
 
 
+# ------------------------------------------------------------------ entries alone
+
+
+class _PassThrough(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class EmptyEntries(Bare):
+    """A profiler entered from the same torch events as gpuprof, doing nothing there (`--components entries`)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self._model, self._optimizer, self._handles = model, optimizer, []
+        self._window = _PassThrough()
+        self.step = torch._dynamo.disable(_nothing)
+
+    def __enter__(self) -> "EmptyEntries":
+        nothing, model, optimizer = torch._dynamo.disable(_nothing), self._model, self._optimizer
+        self._handles = [model.register_forward_pre_hook(nothing, with_kwargs=True),
+                         model.register_forward_hook(torch._dynamo.disable(self._open_window)),
+                         optimizer.register_step_pre_hook(torch._dynamo.disable(self._close_window)),
+                         optimizer.register_step_post_hook(nothing)]
+        queue = torch._dynamo.disable(lambda param: torch.autograd.Variable._execution_engine.queue_callback(_nothing))
+        self._handles += [param.register_post_accumulate_grad_hook(queue) for param in list(model.parameters())[:2]]
+        self._backward = torch.autograd.backward
+        torch.autograd.backward = torch._dynamo.disable(self._backward_wrapped)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        torch.autograd.backward = self._backward
+
+    def _open_window(self, module, args, output) -> None:
+        self._window.__enter__()
+
+    def _close_window(self, optimizer, args, kwargs) -> None:
+        """At the optimizer's step, not as backward() returns as gpuprof's does: this loop calls nothing between."""
+        self._window.__exit__(None, None, None)
+
+    def _backward_wrapped(self, tensors, *args, **kwargs):
+        return self._backward(tensors, *args, **kwargs)
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -548,6 +606,15 @@ def print_switch_table(results: dict[str, Pairs], patched_out: dict[str, Pairs])
               f"ratio x{pairs.median_ratio():.4f}")
 
 
+def print_entries_table(entries: Pairs, headline: Pairs) -> None:
+    print(f"\nempty hooks at gpuprof's entry points against bare ({len(entries.bare)} interleaved pairs), "
+          f"beside all defaults (the headline's pairs), added us per step, median:")
+    for clock, label in (("wall", "wall time"), ("cpu", "process CPU time"), ("thread", "training thread's CPU time")):
+        print(f"  {label:<28} entries alone {entries.added_us_per_step(clock):+7.0f} "
+              f"(x{entries.median_ratio(clock):.4f}); all defaults {headline.added_us_per_step(clock):+7.0f} "
+              f"(x{headline.median_ratio(clock):.4f})")
+
+
 def print_stacks_table(pairs: Pairs, sample_us: dict[str, float], samples: int, interval_s: float) -> None:
     low, high = pairs.spread()
     step_s = pairs.step_s("bare")
@@ -587,7 +654,8 @@ def main() -> None:
     parser.add_argument("--no-clip", action="store_true",
                         help="the loop does not clip: gpuprof computes the gradient norm itself")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--components", nargs="*", choices=("timer", "switch", "cold", "ops", "stacks"), default=(),
+    parser.add_argument("--components", nargs="*", default=(),
+                        choices=("timer", "switch", "cold", "ops", "entries", "stacks"),
                         help="add the per-part table(s) in us per step")
     parser.add_argument("--timer-steps", type=int, default=100, help="captured steps under the hook timer")
     parser.add_argument("--timer-clock", choices=("wall", "thread"), default="wall",
@@ -620,6 +688,9 @@ def main() -> None:
             cold = cold_table(bench, args.cold_rounds)
         if "ops" in args.components:
             ops = ops_table(bench, args.ops_steps)
+        if "entries" in args.components:
+            entries = collect_pairs(args.pairs, bench.block,
+                                    lambda rep: EmptyEntries(bench.model, bench.optimizer), bench.device)
         if "stacks" in args.components:
             stacks = stacks_costs(bench, args.stacks_pairs, args.stack_interval_s)
     print_headline(args, bench, headline)
@@ -631,6 +702,8 @@ def main() -> None:
         print_cold_table(cold, args.cold_rounds)
     if "ops" in args.components:
         print_ops_table(ops, args.ops_steps)
+    if "entries" in args.components:
+        print_entries_table(entries, headline)
     if "stacks" in args.components:
         print_stacks_table(*stacks, args.stack_interval_s)
     print(f"load average after: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
