@@ -33,7 +33,7 @@ def trial_rows(result: dict) -> list[tuple[str, ...]]:
 
 def effect_text(trial: dict) -> str:
     effect = trial.get("effect") or MISSING
-    return f"{effect} (under another host load)" if trial.get("host_load_differed") else effect
+    return f"{effect} (under host load)" if trial.get("host_load_caveat") else effect
 
 
 def text_lines(result: dict) -> dict[str, list[str]]:

@@ -108,8 +108,9 @@ class Trial:
     # the finding behind the knob: its rule, and the speedup its expected gain amounts to
     rule: str | None = None
     estimate: float | None = None
-    # other processes took a different share of the host's CPUs in the trial and in a baseline beside it
-    host_load_differed: bool = False
+    # other processes' work may hold part of the figure: they took a different share of the host's CPUs in the
+    # trial and in a baseline beside it, or contended for its cores in either (host_load_note)
+    host_load_caveat: bool = False
 
     @property
     def effect(self) -> str | None:
@@ -144,7 +145,7 @@ class Trial:
             "speedup": self.speedup.to_dict() if self.speedup else None, "effect": self.effect,
             "rule": self.rule, "estimate": self.estimate, "estimate_miss": self.estimate_miss,
             "parity": self.parity, "verdict": self.verdict, "edits": self.edits,
-            "host_load_differed": self.host_load_differed,
+            "host_load_caveat": self.host_load_caveat,
         }
 
 
@@ -278,16 +279,27 @@ RETUNE_QUIETLY = "tune again on a quiet machine to be sure"  # the advice for a 
 
 
 def host_load_note(trial: Trial, report, baselines) -> str | None:
-    """The warning that the trial's figure holds a different share of other processes' work than a baseline
-    report's beside it (gpuprof.report.contract.host_load_difference); marks the trial. A warning, not a veto:
-    a loop waiting on its loader gains from workers whatever the load, and CI's own machine is shared."""
-    for baseline in (run for run in baselines if run is not None):
+    """The warning that other processes' work may hold part of the trial's figure; marks the trial. Either the
+    trial's share of that work differs from a baseline report's beside it (gpuprof.report.contract.
+    host_load_difference), or a gain or loss was measured while they contended for the host's cores in the
+    trial or a baseline: the same median load still takes a different share of each run from step to step.
+    A warning, not a veto: a loop waiting on its loader gains from workers whatever the load, and CI's own
+    machine is shared."""
+    beside = [run for run in baselines if run is not None]
+    for baseline in beside:
         difference = host_load_difference(baseline.host_load, report.host_load)
         if difference is not None:
-            trial.host_load_differed = True
+            trial.host_load_caveat = True
             return (f"{trial.name} and a baseline beside it ran under different loads ({difference.a} against "
                     f"{difference.b} in the trial): part of its figure may be the load's; {RETUNE_QUIETLY}")
-    return None
+    contended = [run.host_load for run in (report, *beside) if run.host_load is not None and run.host_load.contended]
+    if trial.effect in (None, "within noise") or not contended:
+        return None
+    trial.host_load_caveat = True
+    cores = max(load.other_cpu_cores for load in contended)
+    return (f"{trial.name} read {trial.effect} while other processes held up to {cores:.1f} of "
+            f"{contended[0].cpu_count} CPUs in it or a baseline beside it: their share of each run moves from step "
+            f"to step, so part of its figure may be the load's; {RETUNE_QUIETLY}")
 
 
 def parity(baseline, report) -> dict:

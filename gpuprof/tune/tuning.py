@@ -75,8 +75,8 @@ class TuneResult:
                     else "Nothing to try: no finding has a fix tune can apply from outside the script")
         parity = self.winner.parity.get("status", "not recorded")
         interval = self.winner.speedup
-        load = (f"; measured under another host load than a baseline beside it: {RETUNE_QUIETLY}"
-                if self.winner.host_load_differed else "")
+        load = (f"; measured while other processes loaded the host: {RETUNE_QUIETLY}"
+                if self.winner.host_load_caveat else "")
         return (f"{' + '.join(self.winner.knobs)}: {interval.point:.2f}x faster (95% CI {interval.low:.2f}-"
                 f"{interval.high:.2f}x), numerics {parity}{load}")
 

@@ -15,6 +15,7 @@ import pytest
 
 import gpuprof
 from gpuprof.analysis.run.host_load import HostLoad
+from gpuprof.analysis.run.stats import Interval
 from gpuprof.report import build_report, compare
 from gpuprof.report.comparison import contract_lines
 from gpuprof.report.contract import host_load_difference
@@ -102,9 +103,28 @@ def test_a_comparison_lists_a_difference_in_host_load(contended):
 def test_tune_warns_of_a_trial_run_under_another_load(contended):
     report = build_report(contended[0])
     trial = Trial("tf32", ("tf32",), str(contended[0]), status="measured")
-    assert host_load_note(trial, report, (report, None)) is None and not trial.host_load_differed
+    assert host_load_note(trial, report, (report, None)) is None and not trial.host_load_caveat  # not measured yet
     note = host_load_note(trial, report, (dataclasses.replace(report, host_load=QUIET), None))
     assert note.startswith(f"tf32 and a baseline beside it ran under different loads (0.0 of {CPUS} CPUs taken")
-    assert trial.host_load_differed and note.endswith("part of its figure may be the load's; tune again on a quiet "
-                                                      "machine to be sure")
-    assert effect_text(trial.to_dict()).endswith("(under another host load)")
+    assert trial.host_load_caveat and note.endswith("part of its figure may be the load's; tune again on a quiet "
+                                                    "machine to be sure")
+    assert effect_text(trial.to_dict()).endswith("(under host load)")
+
+
+@pytest.mark.parametrize("point, low, high, effect", [(1.2, 1.1, 1.3, "faster"), (0.8, 0.7, 0.9, "slower")])
+def test_tune_warns_of_a_gain_or_loss_measured_while_the_host_was_contended_under_an_equal_load(
+        contended, point, low, high, effect):
+    """The same median load beside the trial and its baselines still takes a different share of each run."""
+    report = build_report(contended[0])
+    trial = Trial("tf32", ("tf32",), str(contended[0]), status="measured", speedup=Interval(point, low, high, 0.95))
+    note = host_load_note(trial, report, (report, report))
+    cores = report.host_load.other_cpu_cores
+    assert note == (f"tf32 read {effect} while other processes held up to {cores:.1f} of {CPUS} CPUs in it or a "
+                    "baseline beside it: their share of each run moves from step to step, so part of its figure "
+                    "may be the load's; tune again on a quiet machine to be sure")
+    assert trial.host_load_caveat and effect_text(trial.to_dict()) == f"{effect} (under host load)"
+    within = Trial("tf32", ("tf32",), str(contended[0]), status="measured", speedup=Interval(1.01, 0.97, 1.05, 0.95))
+    assert host_load_note(within, report, (report, report)) is None and not within.host_load_caveat
+    quiet = dataclasses.replace(report, host_load=QUIET)
+    calm = Trial("tf32", ("tf32",), str(contended[0]), status="measured", speedup=Interval(point, low, high, 0.95))
+    assert host_load_note(calm, quiet, (quiet, None)) is None and not calm.host_load_caveat

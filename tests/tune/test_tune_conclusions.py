@@ -35,15 +35,15 @@ def test_the_optimized_variant_slower_than_its_own_knob_is_said_and_the_fastest_
     assert result.conclusion == "fused-optimizer: 1.50x faster (95% CI 1.40-1.60x), numerics identical"
 
 
-def test_a_winner_measured_under_another_host_load_says_so_in_the_conclusion():
+def test_a_winner_measured_under_host_load_says_so_in_the_conclusion():
     target = WorkloadTarget(())
     winner = trial("loader-workers", 1.50, 1.40, 1.60)
-    winner.host_load_differed = True
+    winner.host_load_caveat = True
     result = TuneResult(target.title, "/runs", 20, Trial("baseline", (), "/runs/baseline"), None, [winner])
     _conclude(target, result)
     assert result.winner.name == "loader-workers"
-    assert result.conclusion == ("loader-workers: 1.50x faster (95% CI 1.40-1.60x), numerics identical; measured under "
-                                 "another host load than a baseline beside it: tune again on a quiet machine to be sure")
+    assert result.conclusion == ("loader-workers: 1.50x faster (95% CI 1.40-1.60x), numerics identical; measured while "
+                                 "other processes loaded the host: tune again on a quiet machine to be sure")
 
 
 def test_a_knob_inside_the_noise_helps_nobody():
