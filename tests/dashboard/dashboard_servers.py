@@ -41,9 +41,17 @@ def _kill_servers_left() -> None:
         kill_group(server)
 
 
-def _stop_when_pytest_dies() -> None:
-    """In the server's process before it starts: SIGTERM (on which gpuprof dashboard stops its Streamlit
-    child) once the thread that started it, pytest's, is gone, however it went."""
+def ctrl_c_as_at_a_terminal() -> None:
+    """In a child before it starts: SIGINT's default action, which Python turns into KeyboardInterrupt, as at
+    a terminal. A suite started as a background job (`bash scripts/test.sh &`, nohup) passes SIGINT on
+    ignored, and a child would then never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _as_at_a_terminal_until_pytest_dies() -> None:
+    """In the server's process before it starts: Ctrl-C as at a terminal, and SIGTERM (on which gpuprof
+    dashboard stops its Streamlit child) once the thread that started it, pytest's, is gone, however it went."""
+    ctrl_c_as_at_a_terminal()
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -54,7 +62,7 @@ class DashboardServer:
     def __init__(self, args: tuple[str, ...], cwd: Path | None):
         self.process = subprocess.Popen([sys.executable, "-m", "gpuprof", "dashboard", *args],
                                         stdout=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True,
-                                        preexec_fn=_stop_when_pytest_dies)
+                                        preexec_fn=_as_at_a_terminal_until_pytest_dies)
         _SERVERS.append(self.process)
         self.folder, self.url = self._wait_for_url()
 

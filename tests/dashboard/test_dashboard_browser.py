@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 import psutil
 import pytest
 from dashboard_helpers import unreadable
+from dashboard_servers import ctrl_c_as_at_a_terminal
 
 from gpuprof.diagnoses import diagnose
 from gpuprof.run.reader import load_run
@@ -184,7 +185,8 @@ def test_servers_stop_when_pytest_is_stopped_by_ctrl_c_or_killed(tmp_path, stop_
     inner = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "dashboard_servers", "-p", "no:cacheprovider",
                               "-s", "-q", "test_inner.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])},
-                             start_new_session=True)  # the terminal's foreground group, in this test
+                             start_new_session=True,  # the terminal's foreground group, in this test
+                             preexec_fn=ctrl_c_as_at_a_terminal)
     try:
         pid = next(int(line.split()[1]) for line in inner.stdout if line.startswith("SERVER"))
         server = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
