@@ -8,4 +8,4 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     || echo "could not install chromium: the browser test will skip" >&2
 fi
 cd "$ROOT"
-exec "$VENV/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q "$@"
+exec "$VENV/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -rs "$@"
