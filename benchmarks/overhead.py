@@ -504,10 +504,10 @@ class EmptyEntries(Bare):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self._model, self._optimizer, self._handles = model, optimizer, []
         self._window = _PassThrough()
-        self.step = torch._dynamo.disable(_nothing)
+        self.step = torch._dynamo.disable(_nothing)  # also the model's and optimizer's empty hooks
 
     def __enter__(self) -> "EmptyEntries":
-        nothing, model, optimizer = torch._dynamo.disable(_nothing), self._model, self._optimizer
+        nothing, model, optimizer = self.step, self._model, self._optimizer
         self._handles = [model.register_forward_pre_hook(nothing, with_kwargs=True),
                          model.register_forward_hook(torch._dynamo.disable(self._open_window)),
                          optimizer.register_step_pre_hook(torch._dynamo.disable(self._close_window)),
@@ -536,7 +536,6 @@ class EmptyEntries(Bare):
 
 def _nothing(*args, **kwargs) -> None:
     return None
-
 
 
 # ------------------------------------------------------------------ report

@@ -292,8 +292,10 @@ def host_load_note(trial: Trial, report, baselines) -> str | None:
             trial.host_load_caveat = True
             return (f"{trial.name} and a baseline beside it ran under different loads ({difference.a} against "
                     f"{difference.b} in the trial): part of its figure may be the load's; {RETUNE_QUIETLY}")
+    if trial.effect in (None, "within noise"):
+        return None
     contended = [run.host_load for run in (report, *beside) if run.host_load is not None and run.host_load.contended]
-    if trial.effect in (None, "within noise") or not contended:
+    if not contended:
         return None
     trial.host_load_caveat = True
     cores = max(load.other_cpu_cores for load in contended)

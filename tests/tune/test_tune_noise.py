@@ -21,19 +21,19 @@ def test_a_script_with_nothing_to_fix_reports_no_gain_outside_the_noise(tmp_path
     if result["steps"] > 20:  # the pilot fell short: the baseline was run again for that many steps
         assert result["baseline"]["run_dir"] == str(tmp_path / "plain" / "baseline")
         assert result["baseline"]["measured_steps"] >= 0.75 * result["steps"]  # warm-up left out
-    assert_no_gain_unless_the_load_differed(result)
+    assert_no_gain_unless_marked_as_the_loads(result)
     # a knob that changes nothing on a CPU, measured anyway, is never a gain: timed against the baseline runs
     # either side of it, it would have to beat both. (A burst of other load during its own run can still
     # pull its mean step time down to "slower": the mean counts every stalled step.)
     forced = gpuprof_tune("--steps", 100, "--only", "tf32", "--out", tmp_path / "tf32", script, "--steps", 200)
     tf32 = trials_of(forced)["tf32"]
     assert tf32["status"] == "measured" and tf32["speedup"] is not None
-    assert_no_gain_unless_the_load_differed(forced)
+    assert_no_gain_unless_marked_as_the_loads(forced)
     if not tf32["host_load_caveat"]:
         assert forced["conclusion"] == "No knob gained outside the noise (1 measured)"
 
 
-def assert_no_gain_unless_the_load_differed(result: dict) -> None:
+def assert_no_gain_unless_marked_as_the_loads(result: dict) -> None:
     """Other jobs on this machine (the suite's other worker, busy processes beside the suite) can leave both
     baselines slowed and a trial between them not: such a trial is marked, and the user told that part of its
     figure may be the load's. Unmarked, a knob that changes nothing never reads as a gain."""
