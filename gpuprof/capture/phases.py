@@ -203,8 +203,10 @@ class PhaseHooks:
 
     @property
     def current_phase(self) -> str:
-        """What the training thread is doing now, by these hooks: the stack sampler's label for a sample."""
-        if self._eval is not None and (self._eval.open or self._step_spans.window_open):
+        """What the training thread is doing now, by these hooks: the stack sampler's label for a sample. Between
+        the calls of an evaluation window, the phase it would be in were it not evaluating (see
+        `between_evaluation_calls`)."""
+        if self._eval is not None and (self._eval.open or (self._step_spans.window_open and self._in_model)):
             return "eval"
         if self._data is not None and self._data.open and not self._in_model:
             return "data"
@@ -213,6 +215,18 @@ class PhaseHooks:
         if self._optimizer_start is not None:
             return "optimizer"
         return "forward" if self._forward_start is not None or self._in_model else "other"
+
+    @property
+    def evaluation_window(self) -> list[float] | None:
+        """The evaluation window open now (no evaluator function wraps the loop's evaluation): [start, end so far]
+        on the perf_counter clock, the one list while it is open; its end is that of its last call."""
+        return self._step_spans.window
+
+    @property
+    def between_evaluation_calls(self) -> bool:
+        """In an evaluation window, outside the model: evaluation if another evaluation call follows before the
+        training work goes on, not if none does, which only a later moment tells."""
+        return self._step_spans.window is not None and not self._in_model
 
     # ------------------------------------------------------------------ torch hooks
     def _forward_begins(self, module, args, kwargs) -> None:
@@ -352,7 +366,7 @@ class _StepSpans:
         self.forward_paused = False
         self.gap_s: float | None = None  # the fallback: from the step's start to its first model call
         self.last_batch: set[int] = set()  # the tensors the last data span returned
-        self._window: list[float] | None = None  # [first evaluation call's start, last one's end]
+        self.window: list[float] | None = None  # [first evaluation call's start, last one's end]
 
     def data_ended(self) -> None:
         if self.data_start is not None:
@@ -366,25 +380,25 @@ class _StepSpans:
 
     @property
     def window_open(self) -> bool:
-        return self._window is not None
+        return self.window is not None
 
     def evaluation_call_began(self, inputs: set[int]) -> None:
         """The first evaluation call of a window; the batch fetched for it (the last data span, when it
         returned this call's inputs) is evaluation too."""
-        if self._window is None:
+        if self.window is None:
             now = time.perf_counter()
             fetched_for_it = self.data_spans and inputs & self.last_batch
-            self._window = [self.data_spans[-1][0] if fetched_for_it else now, now]
+            self.window = [self.data_spans[-1][0] if fetched_for_it else now, now]
 
     def evaluation_call_ended(self) -> None:
-        if self._window is not None:
-            self._window[1] = time.perf_counter()
+        if self.window is not None:
+            self.window[1] = time.perf_counter()
 
     def close_window(self) -> None:
         """The training work goes on: the evaluation calls so far are one span."""
-        if self._window is not None:
-            self.eval_spans.append(tuple(self._window))
-            self._window = None
+        if self.window is not None:
+            self.eval_spans.append(tuple(self.window))
+            self.window = None
 
     def totals_s(self) -> dict[str, float]:
         evaluation_s = sum(end - start for start, end in self.eval_spans)

@@ -19,6 +19,8 @@ class ScalerCollector:
     def __init__(self, scaler):
         self._scaler = scaler
         self._found_inf: torch.Tensor | None = None
+        self._skipped_optimizers: torch.Tensor | None = None  # with several optimizers: how many were skipped
+        self._optimizers: int | None = None  # and of how many
         self._original_update = None
 
     def on_start(self, prof) -> None:
@@ -44,17 +46,22 @@ class ScalerCollector:
             self._original_update = None
 
     def on_step_start(self, prof, step: int) -> None:
-        self._found_inf = None
+        self._found_inf = self._skipped_optimizers = self._optimizers = None
 
     def _capture_found_inf(self) -> None:
-        found = [
-            found_inf.float()
-            for state in self._scaler._per_optimizer_states.values()
-            for found_inf in state["found_inf_per_device"].values()
-        ]
-        if found:
-            device = found[0].device
-            self._found_inf = torch.stack([f.to(device).reshape(()) for f in found]).sum() > 0
+        per_optimizer = [[found_inf.float() for found_inf in state["found_inf_per_device"].values()]
+                         for state in self._scaler._per_optimizer_states.values()]
+        per_optimizer = [found for found in per_optimizer if found]
+        if not per_optimizer:
+            return
+        device = per_optimizer[0][0].device
+        if len(per_optimizer) == 1:
+            self._found_inf = _any_found(per_optimizer[0], device)
+            return
+        # several optimizers: the scaler skips each one's step apart, and the others step
+        skipped = torch.stack([_any_found(found, device) for found in per_optimizer])
+        self._skipped_optimizers, self._optimizers = skipped.sum(), len(per_optimizer)
+        self._found_inf = self._skipped_optimizers > 0
 
     def on_step_end(self, prof, state) -> dict:
         scaler = self._scaler
@@ -64,10 +71,28 @@ class ScalerCollector:
             "scaler_scale": scaler._scale,
             "scaler_growth_tracker": scaler._growth_tracker,
             "step_skipped": self._found_inf,
+            "_skipped_optimizers": self._skipped_optimizers,
+            "_optimizers": self._optimizers,
         }
 
     def on_step_record(self, prof, record: dict) -> None:
-        if record.get("step_skipped"):
-            prof.event(EventKind.STEP_SKIPPED, f"GradScaler skipped optimizer.step() at step {record['step']} "
-                       f"(inf/NaN gradients); scale now {record.get('scaler_scale')}",
-                       step=record["step"], scale=record.get("scaler_scale"))
+        if not record.get("step_skipped"):
+            return
+        skipped, optimizers = record.get("_skipped_optimizers"), record.get("_optimizers")
+        counts = {} if skipped is None else {"skipped_optimizers": int(skipped), "optimizers": optimizers}
+        prof.event(EventKind.STEP_SKIPPED, f"GradScaler skipped {_skipped_text(**counts)} at step {record['step']} "
+                   f"(inf/NaN gradients); scale now {record.get('scaler_scale')}",
+                   step=record["step"], scale=record.get("scaler_scale"), **counts)
+
+
+def _any_found(found: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Whether any of one optimizer's per-device found-inf flags is set, on `device` (no sync)."""
+    return torch.stack([flag.to(device).reshape(()) for flag in found]).sum() > 0
+
+
+def _skipped_text(skipped_optimizers: int | None = None, optimizers: int | None = None) -> str:
+    if skipped_optimizers is None:
+        return "optimizer.step()"
+    if skipped_optimizers == optimizers:
+        return f"the step of all {optimizers} optimizers"
+    return f"the step of {skipped_optimizers} of {optimizers} optimizers (the rest stepped)"

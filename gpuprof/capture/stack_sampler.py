@@ -4,7 +4,9 @@ Every `interval_s` (STACK_INTERVAL_S by default) the system sampler's thread rea
 thread's current frame (`sys._current_frames()`) and writes one `stacks` row: the step, the phase
 the step is in at that moment (an explicit `prof.phase()` first, else the automatic phases' state),
 and the innermost frame of the user's code (gpuprof.capture.usercode) with the line it runs and
-the line of the loop that led there. Over many steps the samples of a phase split its measured
+the line of the loop that led there. A sample taken between the model calls of an evaluation the
+loop runs with its own statements waits until the loop's next move says whether it was evaluation
+(see `_settle`). Over many steps the samples of a phase split its measured
 time among the user's functions (gpuprof.analysis.run.hotspots), so that no share of the step is
 a black box. A sample reads a few dozen frames and builds no string but the row's; its cost is
 measured by `benchmarks/overhead.py --components stacks`.
@@ -32,6 +34,7 @@ class StackSampler:
         self._prof = None
         self._thread_id: int | None = None
         self._explicit: tuple[str, ...] = ()  # the prof.phase() spans open now, innermost last (replaced, not changed)
+        self._unsettled: list[tuple[float, list, dict]] = []  # (perf_counter, its window, row) between evaluation calls
 
     def on_start(self, prof) -> None:
         self._prof = prof
@@ -55,9 +58,9 @@ class StackSampler:
         if frame is None or self._prof.bookkeeping:
             return
         frames = user_frames(frame)
-        prof, explicit = self._prof, self._explicit
+        prof, explicit, hooks = self._prof, self._explicit, self._prof.phase_hooks
         row = {"time_unix_s": time.time(), "rank": prof.ranks.rank, "step": prof.step_index,
-               "phase": explicit[-1] if explicit else prof.phase_hooks.current_phase}
+               "phase": explicit[-1] if explicit else hooks.current_phase}
         if frames:
             entry, loop = _entry_and_loop(frames, prof.phase_hooks.loop_codes)
             function, filename, line = function_site(entry, by_line=entry is loop)
@@ -65,7 +68,31 @@ class StackSampler:
             row.update(function=function, file=filename, line=line, running_line=entry.f_lineno,
                        inner_function=inner[0], inner_file=inner[1], inner_line=inner[2],
                        loop_file=loop.f_code.co_filename, loop_line=loop.f_lineno)
-        prof.writer.write("stacks", [row])
+        window = hooks.evaluation_window  # read once: the training thread may close it meanwhile
+        self._settle(window)
+        if not explicit and window is not None and hooks.between_evaluation_calls:
+            self._unsettled.append((time.perf_counter(), window, row))
+        else:
+            prof.writer.write("stacks", [row])
+
+    def flush(self) -> None:
+        """Once sampling has stopped: the samples left unsettled were taken after their window's last call."""
+        self._settle(None)
+
+    def _settle(self, open_window: list[float] | None) -> None:
+        """Writes the samples taken between evaluation calls whose phase is known now: evaluation where a call of
+        their window ended after them, their own phase where none did and that window has closed (the training
+        work went on: evaluation ended at its last call); the rest wait, in order."""
+        settled = 0
+        for taken_s, window, row in self._unsettled:
+            if taken_s < window[1]:
+                row["phase"] = "eval"
+            elif window is open_window:
+                break
+            settled += 1
+        if settled:
+            self._prof.writer.write("stacks", [row for _, _, row in self._unsettled[:settled]])
+            del self._unsettled[:settled]
 
 
 def _entry_and_loop(frames: list, loop_codes) -> tuple:

@@ -290,6 +290,8 @@ class SystemSampler:
             self._thread.join(timeout=max(1.0, 3 * self._period_s()))
         if self._thread is None or not self._thread.is_alive():
             self._rss.close()
+            if self.stacks is not None:
+                self.stacks.flush()
 
     def _period_s(self) -> float:
         periods = [self.interval_s if self.samples_system else None, self.stacks.interval_s if self.stacks else None]

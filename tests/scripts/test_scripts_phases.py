@@ -128,3 +128,46 @@ def test_lightning_slow_loader_is_input_and_its_validation_eval_not_host(lightni
     assert verdict.share_pct >= 100 * LIGHTNING_DELAY_S * len(steps) / training_s - 0.5, verdict.why  # the delay's
     assert "Evaluation inside the loop is left out of the step's bound" in verdict.why
     assert "DataLoader(num_workers=4, pin_memory=True" in verdict.next_step and "gpuprof train" not in verdict.next_step
+
+
+SLOW_DISK = '''"""torch.save on a slow disk: a library's delay, not the loop's (this file sits in a site-packages folder)."""
+import functools
+import time
+
+import torch
+
+
+def slow_torch_save(delay_s):
+    save = torch.save
+
+    @functools.wraps(save)
+    def slow_save(*args, **kwargs):
+        time.sleep(delay_s)
+        return save(*args, **kwargs)
+
+    torch.save = slow_save
+'''
+NANOGPT_SAVE_LINE = "<module> (train.py:286)"  # torch.save(checkpoint, os.path.join(out_dir, 'ckpt.pt'))
+
+
+def test_nanogpt_checkpoint_after_evaluation_is_named_in_the_slow_steps(tmp_path, monkeypatch):
+    """nanoGPT saves a checkpoint right after it evaluates: on a slow disk those steps are the erratic ones, their
+    extra time is other (the save is no evaluation, also in the first evaluation, which gpuprof times from its
+    model calls before it has found estimate_loss), and the finding names the loop's line that saves."""
+    library = tmp_path / "lib" / "site-packages"
+    library.mkdir(parents=True)
+    (library / "slow_disk.py").write_text(SLOW_DISK)
+    monkeypatch.setenv("PYTHONPATH", str(library))
+    delay_s = 0.3
+    report = recorded(run_nanogpt(tmp_path, patches=[("slow_disk:slow_torch_save", {"delay_s": delay_s})],
+                                  max_iters=12, eval_interval=4, eval_iters=1, always_save_checkpoint=True))
+    saving = report.run.stacks[report.run.stacks["loop_line"] == 286]
+    assert len(saving) >= 3 and saving["phase"].eq("other").all(), saving[["step", "phase"]]
+    assert (report.run.steps["eval_time_s"].dropna() < delay_s).all()
+    [finding] = [f for f in report.findings if f.rule == "step-time-variance"]
+    evidence = finding.evidence
+    assert evidence["slow_steps_phase"] == "other" and evidence["slow_steps_excess_s"] >= delay_s
+    assert evidence["slow_steps_evaluating"] == len(evidence["slowest_steps"]) >= 1
+    assert list(evidence["slow_steps_sites"]) == [NANOGPT_SAVE_LINE]
+    assert "all of them steps that evaluate" in finding.title
+    assert finding.fix.startswith(f"In the slowest steps' other time the loop was at {NANOGPT_SAVE_LINE}")

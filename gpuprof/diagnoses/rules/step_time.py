@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
+from gpuprof.analysis.run.slow_steps import SlowSteps, slow_steps
 from gpuprof.analysis.run.summary import percentile
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
@@ -24,18 +27,21 @@ def step_time_variance(ctx):
     summary = ctx.summary
     if summary.measured_steps < MIN_MEASURED_STEPS or summary.step_time_cv is None:
         return None
-    times = training_step_times(ctx)
+    evaluation = evaluation_times(ctx)
+    times = ctx.summary.measured_step_times - evaluation
     mean_s = float(times.mean())
     cv = float(times.std(ddof=0) / mean_s) if mean_s else None
     if cv is None or cv < STEP_TIME_CV_WARNING:
         return None
     p50_s, p90_s, p99_s = (percentile(times, q) for q in (50, 90, 99))
     slow = times[times >= p90_s]
-    title, fix = f"Step time is erratic: p99 {p99_s:.3g}s vs p50 {p50_s:.3g}s", VARIANCE_FIX
+    profile = slow_steps(ctx.run.query, times.index, slow.index, evaluation, ctx.first_rank)
+    title = f"Step time is erratic: p99 {p99_s:.3g}s vs p50 {p50_s:.3g}s{slow_steps_clause(profile)}"
+    fix = slow_steps_sites_text(profile) + VARIANCE_FIX
     load = ctx.host_load
     if load is not None and load.slow_steps_contended:
         title += f"; the slowest steps ran while other processes held {load.slow_steps_excess_cores:.1f} more CPUs"
-        fix = f"{CONTENTION_FIX} Then, if steps are still erratic: {VARIANCE_FIX[0].lower()}{VARIANCE_FIX[1:]}"
+        fix = f"{CONTENTION_FIX} Then, if steps are still erratic: {fix[0].lower()}{fix[1:]}"
     return Finding(
         rule="step-time-variance",
         severity="warning",
@@ -46,6 +52,7 @@ def step_time_variance(ctx):
             "step_time_p99_s": p99_s,
             "slowest_steps": [int(step) for step in slow.index[:10]],
             "evaluation_left_out": bool(summary.evaluation),
+            **profile.to_dict(),
             "threshold_cv": STEP_TIME_CV_WARNING,
             **(load.to_dict() if load is not None else {}),
         },
@@ -55,14 +62,30 @@ def step_time_variance(ctx):
     )
 
 
-def training_step_times(ctx):
-    """The measured steps' times less their evaluation (reported apart: periodic evaluation is not erratic
-    training)."""
-    times = ctx.summary.measured_step_times
+def evaluation_times(ctx):
+    """Each measured step's evaluation time (0 without): taken out of its step time, as evaluation is reported
+    apart and periodic evaluation is not erratic training."""
+    index = ctx.summary.measured_step_times.index
     if not ctx.summary.evaluation:
-        return times
-    evaluation = ctx.run.query.step_series("eval_time_s", "max").reindex(times.index).fillna(0.0)
-    return times - evaluation
+        return pd.Series(0.0, index=index)
+    return ctx.run.query.step_series("eval_time_s", "max").reindex(index).fillna(0.0)
+
+
+def slow_steps_clause(profile: SlowSteps) -> str:
+    """"; the slowest steps take +0.0031s more in other, all of them evaluating" (nothing when no phase grew)."""
+    if profile.phase is None:
+        return ""
+    evaluating = {0: "", len(profile.steps): ", all of them steps that evaluate"}.get(
+        profile.evaluating, f", {profile.evaluating} of them steps that evaluate")
+    return f"; the slowest steps take +{profile.excess_s:.3g}s more in {profile.phase}{evaluating}"
+
+
+def slow_steps_sites_text(profile: SlowSteps) -> str:
+    """Where the stack sampler found the loop in that extra time, as the user's lines."""
+    if not profile.sites:
+        return ""
+    named = ", ".join(f"{label} ({count} of {profile.samples} sample(s))" for label, count in profile.sites.items())
+    return f"In the slowest steps' {profile.phase} time the loop was at {named}. "
 
 
 @rule("warmup-pollution", "host")
