@@ -26,6 +26,7 @@ import msgspec
 import torch
 
 from gpuprof.errors import GpuprofError
+from gpuprof.numerics.blame import Blame
 from gpuprof.validation import misfit
 
 FORMAT = "gpuprof-numerics-bundle"
@@ -95,7 +96,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - any other failure means the same to the user
         raise BundleError(f"{path} is not a replay bundle ({type(error).__name__}: {error})") from None
     _check(path, contents)
-    return contents
+    return _with_defaults(_with_defaults(contents, Bundle), Inputs, "inputs")
 
 
 def _check(path: Path, contents: Any) -> None:
@@ -106,9 +107,18 @@ def _check(path: Path, contents: Any) -> None:
         raise BundleError(f"{path} is not a replay bundle (format_version is {version!r})")
     if version > FORMAT_VERSION:
         raise BundleError(f"{path} was written by a newer gpuprof (bundle version {version})")
-    problem = misfit(contents, Bundle)
+    problem = misfit(contents, RecordedLossBundle if contents.get("loss") == "program" else Bundle)
     if problem is not None:
         raise BundleError(f"{path} is not a replay bundle gpuprof can run ({problem})")
+
+
+def _with_defaults(contents: dict[str, Any], shape: type, at: str | None = None) -> dict[str, Any]:
+    """The fields `shape` lets a bundle leave out, at their defaults (in `contents[at]` when given)."""
+    target = contents[at] if at is not None else contents
+    for field in msgspec.structs.fields(shape):
+        if field.default is not msgspec.NODEFAULT:
+            target.setdefault(field.encode_name, field.default)
+    return contents
 
 
 class _Shape(msgspec.Struct, forbid_unknown_fields=False):
@@ -151,8 +161,23 @@ class Bundle(_Shape):
     rng: dict[str, Any]
     micro_batches: list[Any]
     inputs: Inputs
-    blame: dict[str, Any]
+    blame: Blame
     scaler: dict[str, Any] | None = None
     loss: str = "default"
     builder: Builder | None = None
     device_type: str | None = None
+
+
+class RecordedMicroBatch(_Shape):
+    """A micro-batch of a recorded loss (gpuprof.numerics.tape's encode_micro_batch): the model's calls and
+    the loss's, the constants they read, and what backward() ran on."""
+
+    items: list[dict[str, Any]]
+    consts: list[Any]
+    target: Any
+
+
+class RecordedLossBundle(Bundle):
+    """A bundle whose loss is the recorded program ("program"): its micro-batches are recorded ones."""
+
+    micro_batches: list[RecordedMicroBatch]

@@ -75,6 +75,8 @@ def _micro_batches(contents: dict[str, Any], device: torch.device) -> list:
         return [decode_micro_batch(micro, device) for micro in micro_batches]
     except TapeError as error:
         raise BundleError(f"this bundle's recorded loss cannot be replayed: {error}") from None
+    except (LookupError, TypeError, ValueError, AttributeError) as error:  # a recorded call of another shape
+        raise BundleError(f"this bundle's recorded loss cannot be replayed: {type(error).__name__}: {error}") from None
 
 
 BUILDERS: dict[str, Builder] = {"transformers": transformers_model}

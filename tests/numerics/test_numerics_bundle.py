@@ -145,11 +145,23 @@ def test_a_real_bundle_replays_with_its_blame(real_bundle, tmp_path, capsys):
     (("micro_batches",), {"input_ids": 1}, "micro_batches: expected array, got object"),
     (("builder", "config", "model_config", "n_layer"), "two", "model config builds no model"),
     (("optimizer", "params"), ["nope"], "state does not fit the model"),
+    (("blame",), {}, "missing blame.step"),
+    (("blame", "notes"), "none", "blame.notes: expected array, got str"),
+    (("micro_batches", 0), {}, "missing micro_batches[0].items"),
+    (("micro_batches", 0, "items"), [{"function": "add"}], "recorded loss cannot be replayed"),
 ])
 def test_a_bundle_of_another_shape_is_one_line(real_bundle, tmp_path, capsys, path, value, said):
     target = tmp_path / "bad.pt"
     torch.save(changed(real_bundle, path, value), target)
     assert said in _replay_error(target, capsys)
+
+
+@pytest.mark.parametrize("path", [("scaler",), ("loss",), ("inputs", "autocast")])
+def test_a_bundle_without_a_field_it_may_leave_out_replays(real_bundle, tmp_path, capsys, path):
+    target = tmp_path / "lean.pt"
+    torch.save(changed(real_bundle, path, DELETE), target)
+    assert main(["replay", str(target)]) == 0, capsys.readouterr().err
+    assert "transformer.wte" in capsys.readouterr().out
 
 
 @FUZZ

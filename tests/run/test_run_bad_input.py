@@ -60,7 +60,12 @@ def set_at(document: dict, path: tuple, value) -> bool:
             return False
     if isinstance(document, dict) and value is DELETE:
         return document.pop(last, DELETE) is not DELETE
-    if isinstance(document, dict) or (isinstance(document, list) and isinstance(last, int) and last < len(document)):
+    if isinstance(document, list) and not (isinstance(last, int) and last < len(document)):
+        return False
+    if isinstance(document, list) and value is DELETE:
+        del document[last]
+        return True
+    if isinstance(document, (dict, list)):
         document[last] = value
         return True
     return False
