@@ -101,6 +101,22 @@ def test_step_time_variance_on_a_periodic_stall(write_cpu_run):
     assert not fired(step_times(write_cpu_run, jitter), "step-time-variance")
 
 
+def test_step_time_variance_says_which_phase_the_slow_steps_spend_it_in(write_cpu_run):
+    """Every fourth step waits 0.2 s more for its batch: the finding says the slowest steps' extra time is data."""
+    stall_s, phases = 0.2, {"forward_time_s": 0.01, "backward_time_s": 0.015, "optimizer_time_s": 0.003}
+
+    def step(i):
+        data_s = 0.002 + (stall_s if i % 4 == 3 else 0.0)
+        return {"step_time_s": data_s + sum(phases.values()), "data_time_s": data_s, "other_time_s": 0.0, **phases}
+
+    (finding,) = fired(write_cpu_run(step=step, steps=16), "step-time-variance")
+    evidence = finding.evidence
+    assert evidence["slow_steps_phase"] == "data" and evidence["slow_steps_excess_s"] == pytest.approx(stall_s)
+    assert (evidence["slow_steps_evaluating"], evidence["slow_steps_samples"], evidence["slow_steps_sites"]) == (0, 0, {})
+    assert finding.title.endswith("; the slowest steps take +0.2s more in data")
+    assert finding.fix == step_time.VARIANCE_FIX  # no stack samples: no line to name
+
+
 def test_dataparallel(loop_runs):
     (finding,) = fired(loop_runs["dataparallel"], "dataparallel")
     assert finding.evidence["model_class"] == "DataParallel"
