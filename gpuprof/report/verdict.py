@@ -26,6 +26,7 @@ from gpuprof.analysis.run.hotspots import MIN_PHASE_SAMPLES, phase_samples, top_
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.loopfacts import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
+from gpuprof.diagnoses.rules.optimizer import UNFUSED_OPTIMIZER
 from gpuprof.report.format import fmt, fmt_ms, fmt_share
 from gpuprof.run.jsonable import json_safe
 
@@ -298,7 +299,7 @@ def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
     warning = next((f for f in about if f.severity != "info"), None)
     if warning is not None:
         return fix_of(warning)
-    levers = loop_levers(bound, meta)
+    levers = loop_levers(bound, meta, minor={f.rule for f in findings if f.severity == "info"})
     if not levers and about:
         return fix_of(about[0])
     if levers is None:
@@ -315,14 +316,16 @@ def fix_of(finding) -> str:
     return f"{finding.fix} (finding {finding.rule})"
 
 
-def loop_levers(bound: str, meta: dict | None) -> list[str] | None:
+def loop_levers(bound: str, meta: dict | None, minor: set[str] = frozenset()) -> list[str] | None:
     """NEXT_STEPS' levers for a compute or host bound that the loop does not use yet, read from its `loop`
-    facts; None for another bound or without the facts."""
+    facts; None for another bound or without the facts. `minor`: the rules whose findings are information only
+    (the fused optimizer is left out when UNFUSED_OPTIMIZER's is: the optimizer is a small share of the step)."""
     loop = (meta or {}).get("loop") or {}
     model, optimizer = loop.get("model"), loop.get("optimizer") or {}
     if bound not in ("compute", "host") or not isinstance(model, dict):
         return None
-    compiled, unfused = bool(model.get("compiled")), unfused_optimizers(optimizer)
+    compiled = bool(model.get("compiled"))
+    unfused = unfused_optimizers(optimizer) if UNFUSED_OPTIMIZER not in minor else []
     fused = f"a fused optimizer (torch.optim.{unfused[0].get('class') or 'AdamW'}(..., fused=True))" if unfused else ""
     if bound == "host":
         wanted = {

@@ -13,6 +13,8 @@ from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.loopfacts import unfused_optimizers
 from gpuprof.diagnoses.registry import rule
 
+UNFUSED_OPTIMIZER = "unfused-optimizer"
+
 # Below this share of step time the optimizer step is not worth a warning.
 OPTIMIZER_SHARE_WARNING_PCT = 5.0
 
@@ -25,7 +27,7 @@ def implementation(facts: dict, on_gpu: bool) -> str:
     return "foreach" if foreach or (foreach is None and on_gpu) else "for-loop"
 
 
-@rule("unfused-optimizer", "compute")
+@rule(UNFUSED_OPTIMIZER, "compute")
 def unfused_optimizer(ctx):
     unfused = unfused_optimizers(ctx.loop("optimizer"))
     if not unfused:
@@ -35,7 +37,7 @@ def unfused_optimizer(ctx):
     name = facts.get("class")
     runs = implementation(facts, ctx.on_gpu)
     return Finding(
-        rule="unfused-optimizer",
+        rule=UNFUSED_OPTIMIZER,
         severity="warning" if (optimizer_share_pct or 0) >= OPTIMIZER_SHARE_WARNING_PCT else "info",
         title=f"{name} updates parameters with its {runs} implementation, not the fused kernel",
         evidence={
@@ -54,7 +56,7 @@ def unfused_optimizer(ctx):
     )
 
 
-@knob("fused-optimizer", rule="unfused-optimizer", train_flags=("--fused-adamw",))
+@knob("fused-optimizer", rule=UNFUSED_OPTIMIZER, train_flags=("--fused-adamw",))
 def fused_optimizer(patch):
     """torch.optim optimizers that have a fused kernel (Adam, AdamW, SGD, Adagrad) are built with
     fused=True, unless the script chose fused or foreach itself.
