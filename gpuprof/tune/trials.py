@@ -270,9 +270,17 @@ def bracket(trial: Trial, report, before, after) -> None:
             continue
     if not intervals:
         return
-    points = [interval.point for interval in intervals]
-    trial.speedup = Interval(math.prod(points) ** (1 / len(points)), min(i.low for i in intervals),
+    trial.speedup = Interval(_bracketed_point([interval.point for interval in intervals]), min(i.low for i in intervals),
                              max(i.high for i in intervals), intervals[0].confidence)
+
+
+def _bracketed_point(points: list[float]) -> float:
+    """The trial's speedup from its comparisons with the baselines either side: where both read faster (or both
+    slower) the one nearer 1, the least flattering, so that a knob gains only by what it gains over each;
+    where they disagree, the machine drifted across the trial, and their geometric mean sits between them."""
+    if all(point > 1 for point in points) or all(point < 1 for point in points):
+        return min(points, key=lambda point: abs(math.log(point)))
+    return math.prod(points) ** (1 / len(points))
 
 
 RETUNE_QUIETLY = "tune again on a quiet machine to be sure"  # the advice for a figure another host load may hold
