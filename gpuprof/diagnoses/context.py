@@ -141,6 +141,11 @@ class Context:
         return site_label(sources[0]["function"], sources[0]["file"], sources[0]["line"]) if sources else None
 
     @property
+    def host_cpu_count(self) -> int | None:
+        """The CPUs of the first rank's host; None where not recorded (a bare trace)."""
+        return None
+
+    @property
     def device_trace(self):
         """The trace analyzer when the traces hold device (GPU) activity, else None."""
         trace = self.trace
@@ -245,14 +250,19 @@ class RunContext(Context):
     def hotspots(self) -> pd.DataFrame:
         return hotspots(self.run, self.summary)
 
+    @property
+    def host_cpu_count(self) -> int | None:
+        rank = self.first_rank
+        return None if rank is None else (self.run.rank_meta.get(rank) or {}).get("host_cpu_count")
+
     @cached_property
     def host_load(self) -> HostLoad | None:
         """What other processes took of the first rank's host (gpuprof.analysis.run.host_load)."""
         rank = self.first_rank
         if rank is None:
             return None
-        cpu_count = (self.run.rank_meta.get(rank) or {}).get("host_cpu_count")
-        return host_load(self.first_rank_steps, self.run.query.rank_frame("system", rank, HOST_LOAD_COLUMNS), cpu_count,
+        return host_load(self.first_rank_steps, self.run.query.rank_frame("system", rank, HOST_LOAD_COLUMNS),
+                         self.host_cpu_count,
                          self.summary.warmup.first_measured_step, self.meta.get("sample_interval_s"))
 
     def events_of(self, *kinds: str) -> pd.DataFrame:
