@@ -44,6 +44,9 @@ class StepState:
     # the sum of the losses backward() ran on this step, when prof.step() was given a loss of its own
     # (gpuprof.capture.losses): a micro-batch's loss the loop did not pass is still watched
     backward_loss: torch.Tensor | float | None = None
+    # under a GradScaler, whose skips otherwise decide whether gradients count as non-finite: an optimizer
+    # it did not skip stepped with non-finite gradients (the loop changed them after unscaling)
+    stepped_nonfinite_grads: bool = False
 
 
 class Collector:

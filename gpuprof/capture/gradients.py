@@ -34,6 +34,7 @@ copy of the weights taken just before the step's first `optimizer.step()` and dr
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -116,6 +117,8 @@ class GradientCollector:
         self._clipped = False  # this step's gradients were clipped by the loop
         self._clipped_steps = 0
         self._clip_max_norm: float | None = None  # the last the loop clipped to
+        self._several = len(members(optimizer)) > 1
+        self._stepped_nonfinite = False  # see _check_stepping_member
 
     # -- hooks
     def on_start(self, prof) -> None:
@@ -141,7 +144,7 @@ class GradientCollector:
 
     def on_step_start(self, prof, step: int) -> None:
         self._total, self._param_norms, self._passes, self._update_norms, self._joined = None, None, 0, None, False
-        self._step, self._weights_before, self._clipped = step, None, False
+        self._step, self._weights_before, self._clipped, self._stepped_nonfinite = step, None, False, False
         self._layer_step = bool(self._layer_interval) and step % self._layer_interval == 0
         self._ratio_step = bool(self._ratio_interval) and step % self._ratio_interval == 0
 
@@ -221,6 +224,7 @@ class GradientCollector:
         if self._reduction is not None:  # how many ranks' parts were unknown: read with the record, no sync
             fields["_grad_nonfinite_origin"], fields["_grad_unknown_ranks"] = self._reduce_over_ranks(prof.device)
             self._total = torch.linalg.vector_norm(self._param_norms) if self._param_norms is not None else None
+        state.stepped_nonfinite_grads = self._stepped_nonfinite
         if self._total is not None:
             state.grad_norm = fields["grad_norm"] = read_if_host(self._total)
             if self._layer_step and self._param_norms is not None:
@@ -326,9 +330,27 @@ class GradientCollector:
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_update = True
         self._take_norm(True)
+        if self._clipped and self._several and self._scaler is not None:
+            self._check_stepping_member(optimizer)
         if self._ratio_step and self._weights_before is None:  # the step's first update
             with torch.no_grad():
                 self._weights_before = torch._foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
+
+    def _check_stepping_member(self, optimizer) -> None:
+        """A GradScaler skips only the optimizers whose gradients it found non-finite when unscaling, and
+        the others step. A clip over every optimizer's parameters after unscaling them all (the recipe for
+        several optimizers) spreads a non-finite total norm into the others' gradients, and their update then
+        writes non-finite weights: that step is the first bad one, not the next. Checked where this member
+        steps after `scaler.step()` read its found-inf flags on the host (a sync the loop makes, so the
+        clip's norm is ready), and the member's gradients only when that norm is not finite."""
+        if not self._scaler._per_optimizer_states.get(id(optimizer), {}).get("found_inf_per_device"):
+            return  # not stepped through scaler.step(): it may not have synced
+        with own_work():
+            if self._total is None or math.isfinite(float(self._total)):
+                return
+            grads = [grad for grad in (param.grad for param in params_of(optimizer)) if grad is not None]
+            if grads and not math.isfinite(float(torch.stack(torch._foreach_norm(grads)).sum())):
+                self._stepped_nonfinite = True
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._in_update = False

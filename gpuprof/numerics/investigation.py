@@ -22,6 +22,13 @@ from gpuprof.optimizers import members, params_of, params_without_optimizer
 logger = logging.getLogger("gpuprof")
 
 
+STEPPED_DESPITE_SCALER = (
+    "the GradScaler skipped the optimizers whose gradients it found non-finite, but another one stepped with "
+    "non-finite gradients: the loop changed them after scaler.unscale_() (a clip over every optimizer's "
+    "parameters spreads a non-finite total norm into all of them); clip each optimizer's parameters apart, "
+    "or skip every optimizer's step when the total norm is not finite")
+
+
 class Investigator:
     def __init__(self, keeping: StepKeeping, *, loss_fn: Callable | None, gradients, builder: dict | None,
                  run_dir: str, rank: int, device_type: str):
@@ -84,6 +91,8 @@ class Investigator:
         if blame.trigger == "scaler_overflow":
             blame.notes.append(f"GradScaler skipped {PERSISTENT_OVERFLOW_STEPS}+ steps in a row up to here (or its "
                                "scale fell below 1); skipped steps leave the weights as they were")
+        if blame.trigger == "grads" and self.scaler is not None:  # with a scaler, only a step it did not skip
+            blame.notes.append(STEPPED_DESPITE_SCALER)
         if inputs.updated_first:
             blame.notes.append("the state was kept after this step's update, since its gradients were finite "
                                "(numerics keep_state 'when_bad'): if the update itself overflowed it shows as "

@@ -191,7 +191,8 @@ class NumericsMonitor:
         if self._overflow is not None:
             persistent = self._overflow.update(self.scaler)
             overflow = torch.where(persistent, self._inf, self._zero) if persistent is not None else None
-        grads = state.grad_norm if self.scaler is None else None  # with a scaler, its skips decide
+        # with a scaler its skips decide, unless an optimizer it did not skip stepped with non-finite gradients
+        grads = state.grad_norm if self.scaler is None else math.inf if state.stepped_nonfinite_grads else None
         values = [state.loss, state.backward_loss, grads, params, optimizer, overflow]
         if self._prof.device.type == "cpu":
             return [_host_float(value) for value in values]

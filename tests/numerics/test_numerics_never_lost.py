@@ -18,6 +18,7 @@ from transformers.modeling_outputs import CausalLMOutput
 
 import gpuprof
 from gpuprof.numerics.blame import NOT_REPRODUCED
+from gpuprof.numerics.investigation import STEPPED_DESPITE_SCALER
 from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS
 from gpuprof.run.schema import BLAME_PHASES, EventKind
 
@@ -48,11 +49,8 @@ class Loop:
         """A GradScaler skips steps with non-finite gradients (its business) until it has skipped a few in a
         row; a non-finite loss is flagged at once. With two optimizers and clipping, the loop clips every
         parameter after unscaling both: the NaN total norm turns the head's finite gradients NaN after its
-        optimizer found none, that optimizer steps, and the next step starts from NaN weights (flagged there,
-        as state: under a GradScaler gpuprof does not read an update's gradients per optimizer)."""
-        if self.fault == "gradient" and self.precision == "fp16":
-            if self.clip and self.optimizers == 2:
-                return self.fault_step + 1
+        optimizer found none, and that optimizer steps with them: a bad step at once."""
+        if self.fault == "gradient" and self.precision == "fp16" and not (self.clip and self.optimizers == 2):
             return self.fault_step + PERSISTENT_OVERFLOW_STEPS - 1
         return self.fault_step
 
@@ -199,3 +197,16 @@ def test_a_scaler_skipping_one_of_two_optimizers_says_that_the_other_stepped():
         skipped = {event["step"]: event for event in events(run_dir, EventKind.STEP_SKIPPED)}
     assert "skipped the step of 1 of 2 optimizers (the rest stepped) at step 1" in skipped[1]["message"]
     assert (skipped[1]["skipped_optimizers"], skipped[1]["optimizers"]) == (1, 2)
+
+
+def test_an_optimizer_stepping_with_gradients_a_clip_made_nonfinite_is_the_first_bad_step():
+    """The AMP recipe for several optimizers, with a clip over all of them: the hidden layer's gradient goes inf,
+    the clip's NaN total norm turns the head's gradients NaN after SGD's unscale found them finite, and SGD steps.
+    The step is reported there, blamed on the backward pass that made the inf, with why a scaler did not stop it."""
+    loop = Loop(loss_shape="0-d", loss_in_model=True, precision="fp16", accumulation=1, clip=True, optimizers=2,
+                fault="gradient", fault_step=2, fault_micro_batch=0)
+    with tempfile.TemporaryDirectory() as run_dir:
+        run_loop(loop, run_dir)
+        first = min(events(run_dir, EventKind.NONFINITE), key=lambda event: event["step"])
+    assert (first["step"], first["phase"], first["trigger"]) == (2, "backward", "grads"), first
+    assert STEPPED_DESPITE_SCALER in first["notes"]
