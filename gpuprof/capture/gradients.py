@@ -348,8 +348,8 @@ class GradientCollector:
         with own_work():
             if self._total is None or math.isfinite(float(self._total)):
                 return
-            grads = [grad for grad in (param.grad for param in params_of(optimizer)) if grad is not None]
-            if grads and not math.isfinite(float(torch.stack(torch._foreach_norm(grads)).sum())):
+            norms = tensor_norms([param.grad for param in params_of(optimizer)])
+            if not math.isfinite(float(norms.sum())):
                 self._stepped_nonfinite = True
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
