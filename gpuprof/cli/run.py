@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from pathlib import Path
@@ -23,6 +24,9 @@ def add_parser(subparsers) -> None:
                         "what it changed is in the run's meta.json, config.knobs")
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="stop the script, as finished, once N steps are recorded")
+    parser.add_argument("--sample-interval", type=seconds, default=None, metavar="S",
+                        help="sample the device and the host every S seconds (0: not at all; default: every 0.1 s "
+                        "where a GPU is sampled, else every 1 s)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
     parser.set_defaults(func=run)
@@ -31,8 +35,20 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuprof.integrations.script import run_script
 
+    options = {} if args.sample_interval is None else {"sample_interval_s": args.sample_interval}
     return run_script(args.script, args.script_args, args.run_dir or default_run_dir(args.script), knobs=args.knob,
-                      max_steps=args.max_steps)
+                      max_steps=args.max_steps, **options)
+
+
+def seconds(text: str) -> float:
+    """A duration given on the command line: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
+    return value
 
 
 def default_run_dir(script: str) -> str:

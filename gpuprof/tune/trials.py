@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from gpuprof.analysis.run.host_load import MIN_FOLLOWED_SAMPLES
 from gpuprof.analysis.run.stats import Interval, TooFewStepsError, loss_diverges, loss_shift_interval, speedup_interval
 from gpuprof.diagnoses.knob import all_knobs
 from gpuprof.errors import GpuprofError
@@ -33,7 +34,10 @@ MIN_EFFECT_REL = 0.05
 SAME_LOSS_REL = 1e-6
 LOG_LINES_KEPT = 1
 RANK_POLL_S = 0.5
-BUDGET_RANKS_S = 600.0  # the longest a rank waits for the others' recordings when the trial has no budget
+BUDGET_RANKS_S = 600.0
+# What a run on a GPU samples at anyway: a trial of small CPU steps lasts about a second, and other processes'
+# load on the host is followed only from several samples of it (host_load.MIN_FOLLOWED_SAMPLES).
+SAMPLE_INTERVAL_S = 0.1  # the longest a rank waits for the others' recordings when the trial has no budget
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class ScriptTarget:
     def command(self, run_dir: Path, knobs: tuple[str, ...], steps: int, extra: tuple[str, ...] = ()) -> list[str]:
         knob_flags = [flag for name in knobs for flag in ("--knob", name)]
         return [sys.executable, "-m", "gpuprof", "run", "--run-dir", str(run_dir), "--max-steps", str(steps),
-                *knob_flags, self.script, *self.args]
+                "--sample-interval", str(SAMPLE_INTERVAL_S), *knob_flags, self.script, *self.args]
 
     def knobs(self) -> list[str]:
         return list(all_knobs())
@@ -289,8 +293,10 @@ RETUNE_QUIETLY = "tune again on a quiet machine to be sure"  # the advice for a 
 def host_load_note(trial: Trial, report, baselines) -> str | None:
     """The warning that other processes' work may hold part of the trial's figure; marks the trial. Either the
     trial's share of that work differs from a baseline report's beside it (gpuprof.report.contract.
-    host_load_difference), or a gain or loss was measured while they contended for the host's cores in the
-    trial or a baseline: the same median load still takes a different share of each run from step to step.
+    host_load_difference), or a gain or loss was measured where the load was not followed (a run with too few
+    host samples, gpuprof.analysis.run.host_load.MIN_FOLLOWED_SAMPLES), or while they contended for the host's
+    cores in the trial or a baseline: the same median load still takes a different share of each run from step
+    to step.
     A warning, not a veto: a loop waiting on its loader gains from workers whatever the load, and CI's own
     machine is shared."""
     beside = [run for run in baselines if run is not None]
@@ -302,6 +308,12 @@ def host_load_note(trial: Trial, report, baselines) -> str | None:
                     f"{difference.b} in the trial): part of its figure may be the load's; {RETUNE_QUIETLY}")
     if trial.effect in (None, "within noise"):
         return None
+    unfollowed = [run for run in (report, *beside) if run.host_load is None or not run.host_load.followed]
+    if unfollowed:
+        trial.host_load_caveat = True
+        return (f"{trial.name} read {trial.effect} over runs too short for gpuprof to follow other processes' load "
+                f"({len(unfollowed)} of them with under {MIN_FOLLOWED_SAMPLES} host samples in their measured "
+                f"steps): part of its figure may be the load's; {RETUNE_QUIETLY}")
     contended = [run.host_load for run in (report, *beside) if run.host_load is not None and run.host_load.contended]
     if not contended:
         return None

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import gpuprof
-from gpuprof.analysis.run.host_load import HostLoad
+from gpuprof.analysis.run.host_load import MIN_FOLLOWED_SAMPLES, HostLoad
 from gpuprof.analysis.run.stats import Interval
 from gpuprof.report import build_report, compare
 from gpuprof.report.comparison import contract_lines
@@ -128,3 +128,18 @@ def test_tune_warns_of_a_gain_or_loss_measured_while_the_host_was_contended_unde
     quiet = dataclasses.replace(report, host_load=QUIET)
     calm = Trial("tf32", ("tf32",), str(contended[0]), status="measured", speedup=Interval(point, low, high, 0.95))
     assert host_load_note(calm, quiet, (quiet, None)) is None and not calm.host_load_caveat
+
+
+def test_tune_warns_of_a_gain_measured_where_the_load_was_not_followed(contended):
+    """A run of a second, sampled once: a burst of other work before or after that sample goes unseen."""
+    quiet = dataclasses.replace(build_report(contended[0]), host_load=QUIET)
+    brief = dataclasses.replace(quiet, host_load=dataclasses.replace(QUIET, samples=MIN_FOLLOWED_SAMPLES - 1))
+    unrecorded = dataclasses.replace(quiet, host_load=None)
+    for runs in ((brief, quiet, quiet), (quiet, brief, None), (quiet, quiet, unrecorded)):
+        trial = Trial("tf32", ("tf32",), str(contended[0]), status="measured", speedup=Interval(1.2, 1.1, 1.3, 0.95))
+        note = host_load_note(trial, runs[0], runs[1:])
+        assert note.startswith("tf32 read faster over runs too short for gpuprof to follow other processes' load "
+                               f"(1 of them with under {MIN_FOLLOWED_SAMPLES} host samples"), note
+        assert trial.host_load_caveat
+    followed = Trial("tf32", ("tf32",), str(contended[0]), status="measured", speedup=Interval(1.2, 1.1, 1.3, 0.95))
+    assert host_load_note(followed, quiet, (quiet, None)) is None and not followed.host_load_caveat

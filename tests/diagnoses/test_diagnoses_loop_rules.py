@@ -117,6 +117,29 @@ def test_step_time_variance_says_which_phase_the_slow_steps_spend_it_in(write_cp
     assert finding.fix == step_time.VARIANCE_FIX  # no stack samples: no line to name
 
 
+def test_step_time_variance_names_the_lines_holding_the_slow_steps_extra_time_not_a_stray_sample(write_cpu_run):
+    """Every fourth step saves for 0.3 s more in other (6 stack samples at line 286); one of those steps also
+    has one sample at the print the loop runs every step (line 327): under MIN_SITE_SHARE, it is not named."""
+    def step(i):
+        other_s = 0.002 + (0.3 if i % 4 == 3 else 0.0)
+        return {"step_time_s": 0.03 + other_s, "forward_time_s": 0.01, "backward_time_s": 0.02,
+                "optimizer_time_s": 0.0, "data_time_s": 0.0, "other_time_s": other_s}
+
+    def sample(i, line):
+        return {"time_unix_s": 1000.0 + i, "rank": 0, "step": i, "phase": "other", "function": "<module>",
+                "file": "train.py", "line": line}
+
+    def stacks(i):
+        saving = [sample(i, 286)] * 6 if i % 4 == 3 else []
+        return saving + ([sample(i, 327)] if i == 7 else [])
+
+    (finding,) = fired(write_cpu_run(step=step, steps=16, stacks=stacks), "step-time-variance")
+    evidence = finding.evidence
+    assert evidence["slow_steps_phase"] == "other" and evidence["slow_steps_samples"] == 6 * 4 + 1
+    assert evidence["slow_steps_sites"] == {"<module> (train.py:286)": 24}
+    assert finding.fix.startswith("In the slowest steps' other time the loop was at <module> (train.py:286) (24 of 25")
+
+
 def test_dataparallel(loop_runs):
     (finding,) = fired(loop_runs["dataparallel"], "dataparallel")
     assert finding.evidence["model_class"] == "DataParallel"

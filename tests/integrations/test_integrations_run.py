@@ -117,6 +117,20 @@ def test_a_missing_script_is_one_line_and_exit_code_2(tmp_path, capsys):
     assert stderr.strip().count("\n") == 0 and "no such script" in stderr
 
 
+def test_the_sample_interval_is_the_users_and_a_bad_one_is_one_line_and_exit_code_2(tmp_path, capsys):
+    done = gpuprof_run("--run-dir", tmp_path / "run", "--max-steps", "3", "--sample-interval", "0.05",
+                       HERE / "tiny_gpt2.py", "--steps", "5", "--accumulation", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = gpuprof.load_run(tmp_path / "run")
+    assert run.meta["sample_interval_s"] == 0.05 and run.system["host_cpu_pct"].notna().any()
+    for bad in ("fast", "-1", "nan"):
+        with pytest.raises(SystemExit) as exit:  # argparse's errors leave through sys.exit
+            main(["run", "--sample-interval", bad, str(HERE / "tiny_gpt2.py")])
+        assert exit.value.code == 2
+        stderr = capsys.readouterr().err
+        assert stderr.strip().count("\n") == 0 and "expected a number of seconds" in stderr
+
+
 def test_a_trainer_script_gets_the_callback(tmp_path):
     done = gpuprof_run("--run-dir", tmp_path / "run", HERE / "hf_trainer_script.py", tmp_path / "out")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -25,6 +25,8 @@ SLOW_STEP_QUANTILE = 0.9  # the slowest tenth of the measured steps
 # saturated in this share of the samples: the run competed for its cores.
 CONTENDED_CORES = 0.5
 CONTENDED_SATURATED_PCT = 25.0
+# Fewer samples than this over the measured steps (a run of a second, sampled at 1 Hz) do not follow the load.
+MIN_FOLLOWED_SAMPLES = 3
 # The system columns the load is read from.
 COLUMNS = ("time_unix_s", "host_cpu_pct", "job_cpu_pct")
 
@@ -42,6 +44,10 @@ class HostLoad:
     @property
     def contended(self) -> bool:
         return self.other_cpu_cores >= CONTENDED_CORES and self.saturated_pct >= CONTENDED_SATURATED_PCT
+
+    @property
+    def followed(self) -> bool:
+        return self.samples >= MIN_FOLLOWED_SAMPLES
 
     @property
     def slow_steps_excess_cores(self) -> float:

@@ -4,7 +4,9 @@ Given the slowest steps (the step-time-variance rule's: its slowest tenth, evalu
 phase's excess is the median over those steps of its time less its median over all measured steps; the
 phase with the largest positive excess is where their extra time goes. The first rank's stack samples
 taken in that phase of those steps name the user's lines (`site_label`), however few: a slow step is rare
-and short, so they are evidence, counted, not a share of the step (gpuprof.analysis.run.hotspots).
+and short, so they are evidence, counted, not a share of the step (gpuprof.analysis.run.hotspots). A line
+holding under MIN_SITE_SHARE of those samples is not named: one stray sample (a print the loop runs every
+step, caught while another process held the core) says nothing of where the extra time went.
 Also said: how many of those steps evaluate (nanoGPT saves its checkpoint right after evaluating).
 """
 
@@ -18,6 +20,7 @@ from gpuprof.analysis.run.hotspots import LIBRARIES, site_label
 from gpuprof.run.schema import SPLIT_PHASES
 
 MAX_SITES = 3
+MIN_SITE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ def slow_steps(query, measured: pd.Index, slow: pd.Index, evaluation: pd.Series,
     if excess[phase] <= 0:
         return SlowSteps(steps=[int(step) for step in slow], evaluating=evaluating)
     sites = _sample_sites(query, rank, slow, phase)
-    named = sites.drop(LIBRARIES, errors="ignore").head(MAX_SITES)
+    named = sites[sites >= MIN_SITE_SHARE * sites.sum()].drop(LIBRARIES, errors="ignore").head(MAX_SITES)
     return SlowSteps(steps=[int(step) for step in slow], phase=phase, excess_s=excess[phase], evaluating=evaluating,
                      samples=int(sites.sum()), sites={label: int(n) for label, n in named.items()})
 
