@@ -8,6 +8,9 @@ import os
 import time
 from pathlib import Path
 
+SAMPLE_INTERVAL_HELP = ("sample the device and the host every S seconds (0: not at all; default: every 0.1 s where a "
+                        "GPU is sampled, else every 1 s)")
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -24,9 +27,7 @@ def add_parser(subparsers) -> None:
                         "what it changed is in the run's meta.json, config.knobs")
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="stop the script, as finished, once N steps are recorded")
-    parser.add_argument("--sample-interval", type=seconds, default=None, metavar="S",
-                        help="sample the device and the host every S seconds (0: not at all; default: every 0.1 s "
-                        "where a GPU is sampled, else every 1 s)")
+    parser.add_argument("--sample-interval", type=seconds, default=None, metavar="S", help=SAMPLE_INTERVAL_HELP)
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
     parser.set_defaults(func=run)

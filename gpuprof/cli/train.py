@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import time
 
+from gpuprof.cli.run import SAMPLE_INTERVAL_HELP, seconds
 from gpuprof.workloads.gpt2.config import ATTENTIONS, DEVICES, PARALLELS, PRECISIONS, SIZES, VARIANTS, TrainConfig
 
 _PRESET = "default: from the variant"
@@ -86,6 +87,8 @@ def add_parser(subparsers) -> None:
     add(record, "--log-every", "refresh the progress bar's loss every N steps", type=int)
     add(record, "--trace-steps", "record a torch.profiler trace of steps START:STOP (e.g. 5:8) per rank",
         metavar="START:STOP")
+    record.add_argument("--sample-interval", dest="sample_interval_s", type=seconds, default=None, metavar="S",
+                        help=SAMPLE_INTERVAL_HELP)
     add(record, "--checkpoint-every", "save a checkpoint every N steps and at the end, 0 for never", type=int)
     record.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: RUN_DIR/checkpoints)")
     record.add_argument("--resume", default=None, metavar="CHECKPOINT",

@@ -74,7 +74,7 @@ class WorkloadTarget:
         known = all_knobs()
         knob_flags = [flag for name in knobs for flag in known[name].train_flags]
         return [sys.executable, "-m", "gpuprof", "train", *self.flags, *extra, *knob_flags, "--steps", str(steps),
-                "--run-dir", str(run_dir)]
+                "--run-dir", str(run_dir), "--sample-interval", str(SAMPLE_INTERVAL_S)]
 
     def knobs(self) -> list[str]:
         return [name for name, knob in all_knobs().items() if knob.train_flags]

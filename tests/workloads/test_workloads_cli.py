@@ -23,7 +23,8 @@ def gpuprof_train(*args: str, cwd=None) -> subprocess.CompletedProcess:
 
 def test_train_records_a_run_and_prints_a_summary(tmp_path):
     """Without --run-dir the run goes under ./runs/, named for its variant."""
-    done = gpuprof_train(*SMALL_FLAGS, "--variant", "optimized", "--steps", "3", "--num-workers", "0", cwd=tmp_path)
+    done = gpuprof_train(*SMALL_FLAGS, "--variant", "optimized", "--steps", "3", "--num-workers", "0",
+                         "--sample-interval", "0.05", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("optimized tiny: 3 steps, mean step time ")
@@ -34,6 +35,7 @@ def test_train_records_a_run_and_prints_a_summary(tmp_path):
     assert len(run.steps) == 3
     native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # else bf16 is emulated, slower than fp32
     assert run.meta["config"]["variant"] == "optimized"
+    assert run.meta["sample_interval_s"] == run.meta["config"]["sample_interval_s"] == 0.05
     assert run.meta["config"]["compute_dtype"] == ("bfloat16" if native_bf16 else "float32")
 
 
@@ -50,6 +52,7 @@ BAD_INPUTS = {
     "non-integer steps": (["--steps", "many"], "invalid int value"),
     "zero steps": (["--steps", "0"], "steps must be at least 1"),
     "unknown precision": (["--precision", "fp8"], "invalid choice"),
+    "negative sample interval": (["--sample-interval", "-0.1"], "expected a number of seconds"),
 }
 
 
@@ -98,8 +101,8 @@ def test_every_config_knob_has_a_flag():
             "--parallel", "fsdp", "--no-reshard-after-forward", "--cpu-offload",
             "--num-workers", "1", "--grad-clip", "0.5", "--activation-checkpointing", "--no-fused-adamw",
             "--no-tf32", "--no-pin-memory", "--compile", "--run-dir", "r", "--log-every", "2", "--trace-steps", "2:4",
-            "--checkpoint-every", "4", "--checkpoint-dir", "c", "--resume", "x.pt", "--data-delay-ms", "5",
-            "--host-sync", "--host-work-ms", "3", "--straggler-rank", "1", "--straggler-delay-ms", "20",
+            "--sample-interval", "0.5", "--checkpoint-every", "4", "--checkpoint-dir", "c", "--resume", "x.pt",
+            "--data-delay-ms", "5", "--host-sync", "--host-work-ms", "3", "--straggler-rank", "1", "--straggler-delay-ms", "20",
             "--inject", "embedding-nan@2", "--on-nonfinite", "raise"]
     config = config_from_args(build_parser().parse_args(argv)).as_dict()
     defaults = TrainConfig(variant="optimized").as_dict()

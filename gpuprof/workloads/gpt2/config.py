@@ -115,6 +115,7 @@ class TrainConfig:
     resume: str | None = None
     log_every: int = 10
     trace_steps: str | None = None  # "A:B": a torch.profiler window over steps A..B-1
+    sample_interval_s: float | str = "auto"  # the device and host sampler's period (gpuprof.profile's)
     # Problems on purpose, for demonstrating the diagnoses.
     data_delay_ms: float = 0.0
     host_sync: bool = False

@@ -327,6 +327,7 @@ def _profiler(session: Session):
         loss_fn=workload_loss(config.grad_accum),
         on_nonfinite=config.on_nonfinite,
         trace_steps=config.trace_window,
+        sample_interval_s=config.sample_interval_s,
         # the profile sees the plain model (for names and forensics); DDP's own timing needs the wrapper
         collectors=[DdpCollector(session.model)] if isinstance(session.model, DistributedDataParallel) else (),
         numerics={"builder": {"name": "gpt2", "config": config.as_dict()}},
