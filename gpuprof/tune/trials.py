@@ -34,10 +34,10 @@ MIN_EFFECT_REL = 0.05
 SAME_LOSS_REL = 1e-6
 LOG_LINES_KEPT = 1
 RANK_POLL_S = 0.5
-BUDGET_RANKS_S = 600.0
+BUDGET_RANKS_S = 600.0  # the longest a rank waits for the others' recordings when the trial has no budget
 # What a run on a GPU samples at anyway: a trial of small CPU steps lasts about a second, and other processes'
 # load on the host is followed only from several samples of it (host_load.MIN_FOLLOWED_SAMPLES).
-SAMPLE_INTERVAL_S = 0.1  # the longest a rank waits for the others' recordings when the trial has no budget
+SAMPLE_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
