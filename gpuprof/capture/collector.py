@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from gpuprof import module_hooks
+
 
 @dataclass
 class StepState:
@@ -163,7 +165,7 @@ class CollectorSet:
 
 
 SHARED_EVENTS = {
-    "forward_pre": lambda module, run: module.register_forward_pre_hook(run, with_kwargs=True),
+    "forward_pre": lambda module, run: module_hooks.register(module, "forward_pre", run, with_kwargs=True),
     "step_pre": lambda optimizer, run: optimizer.register_step_pre_hook(run),
     "step_post": lambda optimizer, run: optimizer.register_step_post_hook(run),
 }

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from gpuprof import module_hooks
 from gpuprof.capture import losses
 from gpuprof.capture.producers import (Found, Span, Wrapped, find_evaluator, find_producers, found, model_inputs,
                                        unwatch_dataloaders, watch_dataloaders)
@@ -94,8 +95,8 @@ class PhaseHooks:
         guard = prof.collectors.guard
         try:
             self._handles.append(prof.collectors.hook(self, self._model, "forward_pre", self._forward_begins))
-            self._handles.append(self._model.register_forward_hook(
-                guard(self, "forward_hook", self._forward_ends), always_call=True))
+            self._handles.append(module_hooks.register(
+                self._model, "forward", guard(self, "forward_hook", self._forward_ends), always_call=True))
         except Exception as error:  # noqa: BLE001 - e.g. a scripted module
             return phases, f"cannot hook the model: {error!r}"
         self._data = Span(guard(self, "data_begins", self._data_begins), guard(self, "data_ends", self._data_ends),

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from gpuprof import module_hooks
 from gpuprof.capture.phases import is_training_call
 
 
@@ -41,8 +42,8 @@ class ForwardInputs:
     def on_start(self, prof) -> None:
         guard = prof.collectors.guard  # its hooks run eagerly under torch.compile
         self._handles = [
-            self._model.register_forward_pre_hook(guard(self, "forward_pre_hook", self._before_forward),
-                                                  with_kwargs=True),
+            module_hooks.register(self._model, "forward_pre", guard(self, "forward_pre_hook", self._before_forward),
+                                  with_kwargs=True),
         ]
 
     def on_close(self, prof) -> None:

@@ -17,6 +17,11 @@ with gpuprof watching through torch's global hooks:
   model the script's frame holds (directly or in a list, tuple or dict) that steps before the
   first one steps again, and recording starts when that first iteration ends (meta.json's
   config says so in "first_iteration"); each step of the one stepping last ends one recorded step;
+- else, at a second backward() with no optimizer step since the first and the first's gradients
+  gone (`model.zero_grad()`), a loop updating its weights itself (pytorch/examples'
+  word_language_model: `p.data.add_(p.grad, alpha=-lr)`): the model is the outermost module of
+  the iteration's first training call, recording starts there (its second iteration is step 0)
+  and each step ends at the model's next training call after a backward();
 - the DataLoader is the last one iterated before that first step (its settings go to meta.json);
 - a GradScaler and an LR scheduler of that optimizer are found among the variables of the script's
   frame that made that first step (its locals, then its module's globals): torch keeps no registry
@@ -54,8 +59,10 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from gpuprof import module_hooks
 from gpuprof.capture.environment import resolve_device
-from gpuprof.capture.losses import BackwardLosses
+from gpuprof.capture.losses import BackwardLosses, watch_starts
+from gpuprof.capture.phases import is_training_call
 from gpuprof.capture.profiler import Profiler
 from gpuprof.capture.timing import clock_for
 from gpuprof.errors import GpuprofError
@@ -147,9 +154,11 @@ class ScriptRecorder:
         self._members: list = []  # those seen stepping in the first iteration, in order
         self._loader_iter = None
         self._inputs: ForwardInputs | None = None
-        self._first_forward: _FirstForward | None = None
-        self._first_losses = _FirstBackward(self._guarded(self._start_at_backward))
+        self._forward: _TrainingForward | None = None  # the latest iteration's first training call
+        self._first_losses = _EarlyBackwards(self._guarded(self._start_at_backward),
+                                             self._guarded(self._start_without_optimizer))
         self._step0_began_early = False
+        self._iterations: _IterationStarts | None = None
         self._forward_hooks: list = []
         self._optimizer_hooks: list = []
         self._finder = _PatchOnImport({name: functools.partial(self._patch_trainer, name) for name in TRAINER_MODULES})
@@ -170,13 +179,15 @@ class ScriptRecorder:
     def finish(self, status: str, error: BaseException | None = None) -> None:
         """Removes every hook and closes every recording still open (a run the script left mid-way)."""
         if self.prof is None and not self.callbacks:
-            print("gpuprof run: nothing recorded: the script ran no optimizer step (or only one) and built no Trainer",
-                  file=sys.stderr)
+            print("gpuprof run: nothing recorded: the script ran no optimizer step (or only one), no second backward() "
+                  "on its model after releasing its gradients, and built no Trainer", file=sys.stderr)
         self._finder.remove()
         self._stop_discovery()
         if self.patches is not None:
             self.patches.remove()
         self._first_losses.stop()
+        if self._iterations is not None:
+            self._iterations.remove()
         if self._loader_iter is not None:
             torch.utils.data.DataLoader.__iter__ = self._loader_iter
         for handle in self._optimizer_hooks:
@@ -211,19 +222,22 @@ class ScriptRecorder:
         """Runs on every module call until recording starts; torch.compile traces skip it."""
         if not torch.compiler.is_compiling() and torch.is_grad_enabled():
             self._called.setdefault(id(module), module)
-            if self._first_forward is None:  # the outermost module's hook runs first
-                self._first_forward = _FirstForward(clock_for(resolve_device(module)).stamp(), module)
+            latest, passes = self._forward, self._first_losses.passes
+            # the outermost module's hook runs first; that module called after a backward() begins an iteration
+            if latest is None or (module is latest.module and passes > latest.passes):
+                self._forward = _TrainingForward(clock_for(resolve_device(module)).stamp(), module, passes)
 
     def _seen_returning(self, module: torch.nn.Module, args, kwargs, output) -> None:
-        """The first training forward's tokens, from its keyword arguments too (`model(**batch)`), which
-        the global pre-hook is not given."""
-        first = self._first_forward
-        if not torch.compiler.is_compiling() and first is not None and first.module is module and first.tokens is None:
-            first.tokens = call_tokens(args, kwargs)
+        """The iteration's first training forward's tokens, from its keyword arguments too (`model(**batch)`),
+        which the global pre-hook is not given."""
+        latest = self._forward
+        if (not torch.compiler.is_compiling() and latest is not None and latest.module is module
+                and latest.tokens is None):
+            latest.tokens = call_tokens(args, kwargs)
 
     def _start_at_backward(self) -> None:
         """At the script's first backward(): starts recording there when its one optimizer is in reach."""
-        if self.prof is not None or self.callbacks or self._optimizer is not None or self._first_forward is None:
+        if self.prof is not None or self.callbacks or self._optimizer is not None or self._forward is None:
             return
         if self.patches is not None and self.patches.model_changes:
             return  # knobs change the model at its first optimizer step, not in the middle of a backward pass
@@ -238,8 +252,29 @@ class ScriptRecorder:
             self._end_steps_at_scaler_updates()
         self._stop_discovery()
         self._start_recording()
-        self.prof.join_at_backward(self._first_forward.stamp)
+        self.prof.join_at_backward(self._forward.stamp)
         self._step0_began_early = True
+
+    def _start_without_optimizer(self) -> None:
+        """At a second backward() with no optimizer step since the first and the gradients of the first
+        released (`model.zero_grad()`): a loop updating its weights itself (`p.data.add_(p.grad, alpha=-lr)`).
+        Each of its steps is one iteration, from its first training call of the model to the next one's."""
+        if self.prof is not None or self.callbacks or self._forward is None or self._optimizer is not None:
+            return
+        if self.patches is not None and self.patches.model_changes:
+            return  # knobs change the model before its first step, never in the middle of a backward pass
+        model = self._forward.module
+        if not _gradients_released(model):
+            return  # gradient accumulation, the optimizer out of reach: recording starts at its first step
+        self._model = model
+        self._first_losses.take()  # the first iteration's, before recording
+        self.options["config"]["first_iteration"] = ("not recorded: recording starts at the second iteration's "
+                                                     "backward(), where a loop stepping no optimizer is told apart")
+        self._stop_discovery()
+        self._start_recording()
+        self.prof.join_at_backward(self._forward.stamp)
+        self._step0_began_early = True
+        self._iterations = _IterationStarts(model, self._guarded(self._end_step))
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         self._first_losses.stop()  # recording starts at the end of this iteration, if at all
@@ -274,7 +309,8 @@ class ScriptRecorder:
         loss = None
         if self._step0_began_early:  # its losses and first forward came before the Profiler
             loss, self._step0_began_early = self._first_losses.take(), False
-            tokens += self._first_forward.tokens or 0
+            self._first_losses.stop()
+            tokens += self._forward.tokens or 0
         self.prof.step(loss=loss, tokens=tokens or None)
 
     def _end_steps_at_scaler_updates(self) -> None:
@@ -353,25 +389,53 @@ class ScriptRecorder:
 
 
 @dataclass
-class _FirstForward:
-    """The script's first training forward: when it started, its outermost module and its tokens once it returned."""
+class _TrainingForward:
+    """An iteration's first training forward: when it started, its outermost module, how many backward()
+    calls came before it, and its tokens once it returned."""
 
     stamp: Any
     module: torch.nn.Module
+    passes: int
     tokens: int | None = None
 
 
-class _FirstBackward(BackwardLosses):
-    """The losses of the iteration before recording starts; its first backward() calls `first()`."""
+class _EarlyBackwards(BackwardLosses):
+    """The losses of the iterations before recording starts; the script's first backward() calls `first()`,
+    its second `second()`, each before its loss is taken."""
 
-    def __init__(self, first: Callable[[], None]):
+    def __init__(self, first: Callable[[], None], second: Callable[[], None]):
         super().__init__()
-        self._first = first
+        self._calls = {1: first, 2: second}
+        self.passes = 0  # backward() calls seen, whatever was taken
 
     def seen(self, loss: torch.Tensor) -> None:
+        self.passes += 1
+        if self.passes in self._calls:
+            self._calls[self.passes]()
         super().seen(loss)
-        if self.count == 1:
-            self._first()
+
+
+class _IterationStarts:
+    """Calls `begins()` at the model's first training call after a backward(): where an iteration of a loop
+    stepping no optimizer ends. Its forward pre-hook comes before the Profiler's, which then sees the new step."""
+
+    def __init__(self, model: torch.nn.Module, begins: Callable[[], None]):
+        self._backward_seen = True  # made inside the step's backward()
+        self._begins = begins
+        self._handle = module_hooks.register(model, "forward_pre", self._called, prepend=True)
+        self._stop_watching = watch_starts(self._backward_called)
+
+    def _backward_called(self) -> None:
+        self._backward_seen = True
+
+    def _called(self, module: torch.nn.Module, args) -> None:
+        if self._backward_seen and is_training_call(module):
+            self._backward_seen = False
+            self._begins()
+
+    def remove(self) -> None:
+        self._handle.remove()
+        self._stop_watching()
 
 
 def _optimizers_in_reach(modules) -> tuple[torch.optim.Optimizer, list[Any]] | None:
@@ -410,6 +474,13 @@ def _optimizers_among(values: list[Any]) -> list[torch.optim.Optimizer]:
             continue
         found += [item for item in inner if isinstance(item, torch.optim.Optimizer) and item not in found]
     return found
+
+
+def _gradients_released(model: torch.nn.Module) -> bool:
+    """Whether no gradient of `model` is left from the backward() before (None, or all zero: the one host-device
+    sync of a discovery, not of a step)."""
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    return not grads or not bool(torch.stack(torch._foreach_norm(grads)).any())
 
 
 def _holder_of(optimizer, modules) -> torch.nn.Module | None:

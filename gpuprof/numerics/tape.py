@@ -39,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.overrides import TorchFunctionMode
 
+from gpuprof import module_hooks
 from gpuprof.modules import eager_model
 from gpuprof.numerics.watch import format_frame, user_frame
 
@@ -219,7 +220,7 @@ class Tape:
     def on_start(self, prof) -> None:
         eager = torch._dynamo.disable  # hooks run eagerly around a compiled model
         self._handles = [prof.collectors.hook(self, self.model, "forward_pre", self._on_forward),
-                         self.model.register_forward_hook(eager(self._on_forward_end))]
+                         module_hooks.register(self.model, "forward", eager(self._on_forward_end))]
         if hasattr(prof.optimizer, "register_step_pre_hook"):
             self._handles.append(prof.collectors.hook(self, prof.optimizer, "step_pre", self._leave_window))
 

@@ -27,6 +27,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from gpuprof import module_hooks
+
 GPUPROF_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _LIBRARY_DIRS = (TORCH_DIR, *(os.path.join(GPUPROF_DIR, part) + os.sep for part in ("numerics", "capture")))
@@ -71,9 +73,9 @@ class ModuleTracker:
         self._handles = []
         for name, module in model.named_modules():
             if name:
-                self._handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
+                self._handles.append(module_hooks.register(module, "forward_pre", functools.partial(self._enter, name)))
                 self._handles.append(
-                    module.register_forward_hook(functools.partial(self._exit, name), always_call=True))
+                    module_hooks.register(module, "forward", functools.partial(self._exit, name), always_call=True))
 
     @property
     def current(self) -> str | None:

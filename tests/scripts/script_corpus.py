@@ -20,6 +20,11 @@ Harness API (for any test folder: `from script_corpus import ...`):
     run_lightning_transformer(tmp_path, patches=(), max_steps=10) -> ScriptRun
         Lightning's examples/pytorch/basics/transformer.py (a LightningModule, Trainer.fit, a
         validation loop) on a local word file, the Trainer limited to `max_steps` steps.
+    run_word_language_model(tmp_path, patches=(), flags=(), **args) -> ScriptRun
+        pytorch/examples' word_language_model/main.py (an LSTM updating its weights by hand with
+        `p.data.add_(p.grad, alpha=-lr)` unless `--use-optimizer` is in `flags`, `torch.save(model)`
+        at each epoch) on random words written as data/wikitext-2/{train,valid,test}.txt; `args`
+        override WLM_ARGS as its own `--key=value` arguments.
     run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=...) -> ScriptRun
         any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory).
 
@@ -84,6 +89,12 @@ SOURCES = {
         files={"examples/pytorch/basics/transformer.py":
                "417e7ceb2e0611d7656ea6ea72927c18a04dcf4fda824e3baca2645a9e464367"},
         entry="examples/pytorch/basics/transformer.py"),
+    "word_language_model": Source(
+        repo="pytorch/examples", commit="77f55b912142e11fcfdf5b530231fb9c52f181e8", licence="BSD-3-Clause",
+        files={"word_language_model/main.py": "391de12bb7c6e07dbb105d47d017632bf80c01d2e5b25adbf83da9cdcdd5a862",
+               "word_language_model/data.py": "15784815a6bd18e9b25eadf6ae049915f88d4fb8faebeba9d83ae6ec8e19883d",
+               "word_language_model/model.py": "e4451a33e9b16953004bc639d736d14f42a2b21f2939ccabe4cff10d3c40b74c"},
+        entry="word_language_model/main.py"),
 }
 
 NANOGPT_VOCAB = 64
@@ -96,6 +107,8 @@ CLM_LINES = 24  # 3 epochs of 24 lines at 2 a batch: 36 optimizer steps without 
 CLM_SELECTED_LINES = 500  # the example takes the first 500 lines of the training text
 CLM_MODEL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
 LIGHTNING_WORDS = 150_000  # the example splits off 2 x 2000 blocks of 35 words for validation and test
+WLM_WORDS = {"train": 1400, "valid": 300, "test": 300}
+WLM_ARGS = {"emsize": 16, "nhid": 16, "nlayers": 1, "bptt": 8, "batch_size": 4, "epochs": 2, "log-interval": 5}  # tiny
 
 
 @dataclass
@@ -221,6 +234,32 @@ def run_lightning_transformer(tmp_path: Path, patches=(), max_steps: int = 10) -
     (data / "wikitext-2.txt").write_text("\n".join(" ".join(words[i:i + 20]) for i in range(0, len(words), 20)))
     limits = ("corpus_patches:limit_lightning_trainer", {"max_steps": max_steps})
     return run_script("lightning_transformer", tmp_path, [], (limits, *patches))
+
+
+# ---------------------------------------------------------------------------------------------- word_language_model
+def run_word_language_model(tmp_path: Path, patches=(), flags=(), **args) -> ScriptRun:
+    write_wikitext(_workdir(tmp_path) / "data" / "wikitext-2")
+    settings = {**WLM_ARGS, **args}
+    return run_script("word_language_model", tmp_path,
+                      [*(f"--{key}={value}" for key, value in settings.items()), *flags], patches)
+
+
+def write_wikitext(folder: Path) -> None:
+    """WikiText-2's three files as the example reads them (lines of words), of random words: the
+    repository's own train.txt is stored apart from its snapshot."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed, (split, count) in enumerate(WLM_WORDS.items()):
+        words = _words(seed, count)
+        (folder / f"{split}.txt").write_text("".join(" ".join(words[i:i + 20]) + "\n" for i in range(0, count, 20)))
+
+
+def wikitext_iterations(folder: Path, batch_size: int = WLM_ARGS["batch_size"],
+                        bptt: int = WLM_ARGS["bptt"]) -> list[int]:
+    """The tokens of each training iteration of one epoch, as the example batches train.txt: a word a token
+    and an <eos> a line, `batch_size` columns, `bptt` rows at a time, the last one shorter."""
+    lines = (folder / "train.txt").read_text().splitlines()
+    rows = sum(len(line.split()) + 1 for line in lines) // batch_size
+    return [min(bptt, rows - 1 - start) * batch_size for start in range(0, rows - 1, bptt)]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
