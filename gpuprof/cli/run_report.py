@@ -52,7 +52,8 @@ def summary_lines(summary) -> list[str]:
         f"  steps       {summary.n_steps} recorded; warm-up excluded from step times: {summary.warmup.n_steps}"
         f" ({summary.warmup.reason})",
         f"  step time   p50 {figure(summary.step_time_p50_s, 's')}   p90 {figure(summary.step_time_p90_s, 's')}"
-        f"   p99 {figure(summary.step_time_p99_s, 's')}   cv {figure(summary.step_time_cv)}",
+        f"   p99 {figure(summary.step_time_p99_s, 's')}   cv {figure(summary.step_time_cv)}"
+        f"{'   (evaluation left out)' if summary.evaluation else ''}",
         f"  throughput  {figure(summary.tokens_per_s, 'tokens/s')}   MFU {figure(None if summary.mfu is None else 100 * summary.mfu, '%')}"
         f"   achieved {figure(None if summary.flops_per_s is None else summary.flops_per_s / 1e9, 'GFLOP/s')}",
         f"  memory      peak allocated {figure(summary.peak_mem_allocated_bytes, 'bytes')}"

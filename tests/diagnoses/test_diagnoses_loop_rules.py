@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 from diagnoses_helpers import fired
 
+from gpuprof.analysis.run import summarize
+from gpuprof.cli.run_report import summary_lines
 from gpuprof.diagnoses.registry import all_rules
 from gpuprof.diagnoses.rules import step_time
 
@@ -99,6 +101,24 @@ def test_step_time_variance_on_a_periodic_stall(write_cpu_run):
     assert finding.evidence["step_time_cv"] >= step_time.STEP_TIME_CV_WARNING
     jitter = [STEADY_S * (1.1 if i % 2 else 0.9) for i in range(16)]  # cv 0.1
     assert not fired(step_times(write_cpu_run, jitter), "step-time-variance")
+
+
+def test_periodic_evaluation_is_left_out_of_every_step_time_figure(write_cpu_run):
+    """Every fourth step also evaluates for 0.25 s: the summary's step-time figures are the training step's,
+    as the variance rule's are (a cv of 1.4 with evaluation in), and the headline says so."""
+    eval_s = 0.25
+
+    def step(i):
+        evaluates = i % 4 == 3
+        return {"step_time_s": STEADY_S + (eval_s if evaluates else 0.0), "eval_time_s": eval_s if evaluates else None}
+
+    run = write_cpu_run(step=step, steps=16)
+    summary = summarize(run)
+    assert summary.measured_step_times.std(ddof=0) / summary.measured_step_times.mean() > 1
+    assert summary.step_time_p99_s == pytest.approx(STEADY_S) and summary.step_time_cv == pytest.approx(0, abs=1e-9)
+    assert summary.evaluation["steps_with_eval"] == 4
+    assert "(evaluation left out)" in next(line for line in summary_lines(summary) if "step time   p50" in line)
+    assert not fired(run, "step-time-variance")
 
 
 def test_step_time_variance_says_which_phase_the_slow_steps_spend_it_in(write_cpu_run):

@@ -66,6 +66,8 @@ class RunSummary:
     per_rank: pd.DataFrame = field(default_factory=pd.DataFrame)
     # Run-level time of every recorded step, warm-up included (see `step_times`); not in to_dict.
     step_times: pd.Series = field(default_factory=lambda: pd.Series(dtype=float), repr=False)
+    # Each measured step's evaluation inside the loop, where it evaluated (`evaluation_times`); not in to_dict.
+    eval_times: pd.Series = field(default_factory=lambda: pd.Series(dtype=float), repr=False)
     # Ranks of the world that left no readable steps (killed before writing, folder lost or damaged).
     missing_ranks: list = field(default_factory=list)
     # Of those, the ranks whose steps file is there but damaged (left out by the reader).
@@ -86,9 +88,14 @@ class RunSummary:
     def measured_step_times(self) -> pd.Series:
         return after_warmup_times(self.step_times, self.warmup)
 
+    @property
+    def training_step_times(self) -> pd.Series:
+        """The measured step times less their evaluation: what the step-time figures are of."""
+        return training_times(self.measured_step_times, self.eval_times)
+
     def to_dict(self) -> dict:
         data = {key: getattr(self, key) for key in self.__dataclass_fields__
-                if key not in ("per_rank", "step_times", "device_figures")}
+                if key not in ("per_rank", "step_times", "eval_times", "device_figures")}
         data["warmup"] = dict(vars(self.warmup))
         data["measured_steps"] = self.measured_steps
         data["per_rank"] = self.per_rank.to_dict(orient="records")
@@ -132,6 +139,18 @@ def detect_warmup(times: pd.Series) -> Warmup:
 def after_warmup_times(times: pd.Series, warmup: Warmup) -> pd.Series:
     """The entries of a `step_times` series that belong to measured (post-warm-up) steps."""
     return times[times.index >= warmup.first_measured_step]
+
+
+def evaluation_times(query, measured_times: pd.Series) -> pd.Series:
+    """Each measured step's evaluation time (the slowest rank's), only for the steps that evaluated."""
+    evaluating = query.step_series(f"{EVAL_PHASE}_time_s", "max").dropna()
+    return evaluating[evaluating.index.isin(measured_times.index)]
+
+
+def training_times(measured_times: pd.Series, eval_times: pd.Series) -> pd.Series:
+    """`measured_times` less each step's evaluation: evaluation is reported apart, and periodic
+    evaluation is not erratic training."""
+    return measured_times - eval_times.reindex(measured_times.index).fillna(0.0)
 
 
 def run_step_times(query) -> pd.Series:
@@ -301,7 +320,7 @@ def primary_device(meta: dict) -> dict:
 
 
 def step_time_figures(measured_times: pd.Series) -> dict:
-    """Percentiles, mean and coefficient of variation of the measured step times, in seconds."""
+    """Percentiles, mean and coefficient of variation of the measured step times (less evaluation), in seconds."""
     mean_s = float(measured_times.mean()) if len(measured_times) else None
     return {
         "step_time_p50_s": percentile(measured_times, 50),
@@ -324,6 +343,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
     measured = _figures(query, MEASURED_FIGURES, measured_steps(warmup)) if len(times) else dict.fromkeys(MEASURED_FIGURES)
     whole = _figures(query, WHOLE_RUN_FIGURES) if len(times) else dict.fromkeys(WHOLE_RUN_FIGURES)
     samples = measured_sample_figures(query, warmup, device_figures or {})
+    eval_times = evaluation_times(query, measured_times) if measured["eval_rows"] else pd.Series(dtype=float)
     device = primary_device(run.meta)
     return RunSummary(
         name=run.name,
@@ -334,7 +354,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         device_name=device.get("name"),
         n_steps=len(times),
         warmup=warmup,
-        **step_time_figures(measured_times),
+        **step_time_figures(training_times(measured_times, eval_times)),
         tokens_per_s=throughput_tokens_per_s(measured["tokens"], float(measured_times.sum())),
         mfu=measured["mfu"],
         flops_per_s=measured["flops_per_s"],
@@ -348,6 +368,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         health=health(whole),
         per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
         step_times=times,
+        eval_times=eval_times,
         missing_ranks=query.missing_ranks,
         damaged_ranks=query.damaged_ranks,
         device_figures={name: samples[f"device:{name}"] for name in device_figures or {}},

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 from gpuprof.analysis.run.slow_steps import SlowSteps, slow_steps
-from gpuprof.analysis.run.summary import percentile
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
@@ -27,14 +24,12 @@ def step_time_variance(ctx):
     summary = ctx.summary
     if summary.measured_steps < MIN_MEASURED_STEPS or summary.step_time_cv is None:
         return None
-    evaluation = evaluation_times(ctx)
-    times = ctx.summary.measured_step_times - evaluation
-    mean_s = float(times.mean())
-    cv = float(times.std(ddof=0) / mean_s) if mean_s else None
-    if cv is None or cv < STEP_TIME_CV_WARNING:
+    cv, p50_s, p99_s = summary.step_time_cv, summary.step_time_p50_s, summary.step_time_p99_s
+    if cv < STEP_TIME_CV_WARNING:
         return None
-    p50_s, p90_s, p99_s = (percentile(times, q) for q in (50, 90, 99))
-    slow = times[times >= p90_s]
+    times = summary.training_step_times  # evaluation left out, as in every step-time figure
+    evaluation = summary.eval_times.reindex(times.index).fillna(0.0)
+    slow = times[times >= summary.step_time_p90_s]
     profile = slow_steps(ctx.run.query, times.index, slow.index, evaluation, ctx.first_rank)
     title = f"Step time is erratic: p99 {p99_s:.3g}s vs p50 {p50_s:.3g}s{slow_steps_clause(profile)}"
     fix = slow_steps_sites_text(profile) + VARIANCE_FIX
@@ -58,17 +53,8 @@ def step_time_variance(ctx):
         },
         fix=fix,
         # Running every step at the median speed would save the excess of the mean over it.
-        est_gain_pct=max(0.0, 100 * (1 - p50_s / mean_s)),
+        est_gain_pct=max(0.0, 100 * (1 - p50_s / summary.step_time_mean_s)),
     )
-
-
-def evaluation_times(ctx):
-    """Each measured step's evaluation time (0 without): taken out of its step time, as evaluation is reported
-    apart and periodic evaluation is not erratic training."""
-    index = ctx.summary.measured_step_times.index
-    if not ctx.summary.evaluation:
-        return pd.Series(0.0, index=index)
-    return ctx.run.query.step_series("eval_time_s", "max").reindex(index).fillna(0.0)
 
 
 def slow_steps_clause(profile: SlowSteps) -> str:
@@ -91,10 +77,11 @@ def slow_steps_sites_text(profile: SlowSteps) -> str:
 @rule("warmup-pollution", "host")
 def warmup_pollution(ctx):
     summary = ctx.summary
-    if not summary.warmup.n_steps or not summary.step_time_mean_s:
+    measured_mean_s = float(summary.measured_step_times.mean()) if summary.measured_steps else None
+    if not summary.warmup.n_steps or not measured_mean_s:
         return None
-    all_mean_s = float(summary.step_times.mean())
-    inflation_pct = 100 * (all_mean_s / summary.step_time_mean_s - 1)
+    all_mean_s = float(summary.step_times.mean())  # evaluation in, on both sides
+    inflation_pct = 100 * (all_mean_s / measured_mean_s - 1)
     if inflation_pct < WARMUP_INFLATION_INFO_PCT:
         return None
     return Finding(
@@ -105,7 +92,7 @@ def warmup_pollution(ctx):
             "warmup_steps": summary.warmup.n_steps,
             "warmup_reason": summary.warmup.reason,
             "step_time_mean_all_s": all_mean_s,
-            "step_time_mean_measured_s": summary.step_time_mean_s,
+            "step_time_mean_measured_s": measured_mean_s,
             "inflation_pct": inflation_pct,
             "threshold_pct": WARMUP_INFLATION_INFO_PCT,
         },
