@@ -11,7 +11,8 @@ the step does (gpuprof.capture.producers), in whatever order the loop does it:
   of the step (the previous `prof.step()`) to its first call of the model.
 - eval: evaluation inside the loop, on the host clock: each call of the user function under which
   the model runs in evaluation (no grad or `model.eval()`; found at its first such call, then
-  wrapped: nanoGPT's `estimate_loss()`), else from the start of the first evaluation call of the
+  wrapped: nanoGPT's `estimate_loss()`; a call in which the model does not run in evaluation is not:
+  minGPT's `trigger_callbacks` evaluates once in 500 iterations), else from the start of the first evaluation call of the
   model to the end of the last one before the step's training work goes on (a loop calling the model
   in evaluation itself, as the Accelerate example does). Reported apart; never data or forward.
 - forward: a training call of the root module (`module.training` and grad enabled), from its
@@ -207,7 +208,8 @@ class PhaseHooks:
         """What the training thread is doing now, by these hooks: the stack sampler's label for a sample. Between
         the calls of an evaluation window, the phase it would be in were it not evaluating (see
         `between_evaluation_calls`)."""
-        if self._eval is not None and (self._eval.open or (self._step_spans.window_open and self._in_model)):
+        spans = self._step_spans
+        if self._eval is not None and ((self._eval.open and spans.evaluated) or (spans.window_open and self._in_model)):
             return "eval"
         if self._data is not None and self._data.open and not self._in_model:
             return "data"
@@ -302,14 +304,14 @@ class PhaseHooks:
             self._step_spans.last_batch = model_inputs((batch,), {})
 
     def _eval_begins(self) -> None:
-        self._step_spans.close_window()
-        self._step_spans.eval_start = time.perf_counter()
+        self._step_spans.eval_began()
 
     def _eval_ends(self) -> None:
         self._step_spans.eval_ended()
 
     def _evaluation_call(self, args, kwargs) -> None:
         if self._eval is not None and self._eval.open:
+            self._step_spans.evaluated = True
             return
         if self._eval_codes is None:
             frames = user_frames(sys._getframe())
@@ -364,6 +366,7 @@ class _StepSpans:
         self.eval_spans: list[tuple[float, float]] = []
         self.data_start: float | None = None
         self.eval_start: float | None = None
+        self.evaluated = False  # whether the model ran in evaluation inside the evaluator's call open now
         self.forward_paused = False
         self.gap_s: float | None = None  # the fallback: from the step's start to its first model call
         self.last_batch: set[int] = set()  # the tensors the last data span returned
@@ -374,10 +377,16 @@ class _StepSpans:
             self.data_spans.append((self.data_start, time.perf_counter()))
             self.data_start = None
 
+    def eval_began(self) -> None:
+        self.close_window()
+        self.eval_start, self.evaluated = time.perf_counter(), False
+
     def eval_ended(self) -> None:
-        if self.eval_start is not None:
+        """A call of the evaluator is evaluation if the model ran in evaluation inside it: a function that
+        evaluates only now and then (minGPT's `trigger_callbacks`, every 500 iterations) is not, otherwise."""
+        if self.eval_start is not None and self.evaluated:
             self.eval_spans.append((self.eval_start, time.perf_counter()))
-            self.eval_start = None
+        self.eval_start = None
 
     @property
     def window_open(self) -> bool:

@@ -25,6 +25,11 @@ Harness API (for any test folder: `from script_corpus import ...`):
         `p.data.add_(p.grad, alpha=-lr)` unless `--use-optimizer` is in `flags`, `torch.save(model)`
         at each epoch) on random words written as data/wikitext-2/{train,valid,test}.txt; `args`
         override WLM_ARGS as its own `--key=value` arguments.
+    run_chargpt(tmp_path, patches=(), **config) -> ScriptRun
+        karpathy/minGPT's projects/chargpt/chargpt.py with its mingpt package beside it (its own Trainer
+        class holding the optimizer as an attribute, a model returning `(logits, loss)`, a callback after
+        every iteration that samples from the model once in 500) on random words as input.txt; `config`
+        overrides CHARGPT_CONFIG as minGPT's own `--section.key=value` arguments.
     run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=...) -> ScriptRun
         any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory).
 
@@ -69,6 +74,7 @@ class Source:
     files: dict[str, str]  # path in the repository -> SHA-256 of its content at `commit`
     licence: str  # the licence's name; its file is LICENSE at `commit`
     entry: str  # the script `gpuprof run` runs, one of `files`
+    packages: tuple[str, ...] = ()  # folders the script imports as packages: kept as they are, beside it
 
 
 SOURCES = {
@@ -95,6 +101,14 @@ SOURCES = {
                "word_language_model/data.py": "15784815a6bd18e9b25eadf6ae049915f88d4fb8faebeba9d83ae6ec8e19883d",
                "word_language_model/model.py": "e4451a33e9b16953004bc639d736d14f42a2b21f2939ccabe4cff10d3c40b74c"},
         entry="word_language_model/main.py"),
+    "mingpt": Source(
+        repo="karpathy/minGPT", commit="37baab71b9abea1b76ab957409a1cc2fbfba8a26", licence="MIT",
+        files={"projects/chargpt/chargpt.py": "93ee65b43dc65a0ee86ffbc8860f7e9563c2b358775c30a06948f6c847f4f327",
+               "mingpt/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+               "mingpt/model.py": "3586d4a957722864f7a790689a094478d3ee0b7de34d7456cb635923e4779576",
+               "mingpt/trainer.py": "7e28e58add6f998e7f2ccf3684a4a22a071ababd484a0f59030349dad4d36878",
+               "mingpt/utils.py": "243dd4f91c68ea45421bcd4a82fa7fe9e0ee01bf90d52b5feefdb777db6e0568"},
+        entry="projects/chargpt/chargpt.py", packages=("mingpt",)),
 }
 
 NANOGPT_VOCAB = 64
@@ -107,6 +121,11 @@ CLM_LINES = 24  # 3 epochs of 24 lines at 2 a batch: 36 optimizer steps without 
 CLM_SELECTED_LINES = 500  # the example takes the first 500 lines of the training text
 CLM_MODEL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
 LIGHTNING_WORDS = 150_000  # the example splits off 2 x 2000 blocks of 35 words for validation and test
+CHARGPT_WORDS = 20_000
+CHARGPT_CONFIG = {  # minGPT's own names (--section.key=value); a tiny GPT on the CPU, its DataLoader's 4 workers kept
+    "trainer.max_iters": 30, "trainer.device": "cpu", "trainer.batch_size": 8, "data.block_size": 32,
+    "model.model_type": None, "model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32,
+    "system.work_dir": "out"}  # in the working directory: minGPT reads values with literal_eval, which a path fails
 WLM_WORDS = {"train": 1400, "valid": 300, "test": 300}
 WLM_ARGS = {"emsize": 16, "nhid": 16, "nlayers": 1, "bptt": 8, "batch_size": 4, "epochs": 2, "log-interval": 5}  # tiny
 
@@ -134,7 +153,9 @@ def materialize(name: str, workdir: Path) -> Path:
         content = _show(git_dir, source.commit, path)
         if sha256 is not None and hashlib.sha256(content).hexdigest() != sha256:
             pytest.fail(f"{source.repo}@{source.commit}:{path} is not the file pinned here")
-        target = workdir / Path(path).name
+        kept = any(Path(path).is_relative_to(package) for package in source.packages)
+        target = workdir / (path if kept else Path(path).name)
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     return workdir / Path(source.entry).name
 
@@ -260,6 +281,21 @@ def wikitext_iterations(folder: Path, batch_size: int = WLM_ARGS["batch_size"],
     lines = (folder / "train.txt").read_text().splitlines()
     rows = sum(len(line.split()) + 1 for line in lines) // batch_size
     return [min(bptt, rows - 1 - start) * batch_size for start in range(0, rows - 1, bptt)]
+
+
+# ---------------------------------------------------------------------------------------------- minGPT
+def run_chargpt(tmp_path: Path, patches=(), **config) -> ScriptRun:
+    write_chargpt_text(_workdir(tmp_path) / "input.txt")
+    settings = {**CHARGPT_CONFIG, **config}
+    return run_script("mingpt", tmp_path, [f"--{key}={value}" for key, value in settings.items()], patches)
+
+
+def write_chargpt_text(path: Path) -> None:
+    """input.txt (Shakespeare in the project) of random words, with the line its callback samples from: every
+    character of "O God, O God!" must be in the vocabulary."""
+    words = _words(0, CHARGPT_WORDS)
+    lines = [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]
+    path.write_text("\n".join([*lines, "O God, O God!"]) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
