@@ -1,9 +1,11 @@
-"""What the rule tests share: a healthy step of a synthetic GPU run, and one rule's findings."""
+"""What the rule tests share: a healthy step of a synthetic GPU run, a second rank for it, and one rule's findings."""
 
 from __future__ import annotations
 
 from gpuprof.diagnoses.context import RunContext
 from gpuprof.diagnoses.registry import RULES
+from gpuprof.run.reader import load_run
+from gpuprof.run.writer import RunWriter
 
 STEP_TIME_S = 0.2
 
@@ -23,3 +25,14 @@ def healthy_step(step: int) -> dict:
         "loss_finite": True, "mem_allocated_bytes": 38 * 2**30, "mem_reserved_bytes": 40 * 2**30,
         "mem_peak_allocated_bytes": 39 * 2**30, "mem_alloc_retries": 0, "mem_ooms": 0,
     }
+
+
+def second_rank(run, *, status: str = "finished", step=None, events=(), steps: int = 20):
+    """Rank 1 of `run` (written with world_size 2), with its rank meta, steps and events."""
+    writer = RunWriter(run.path, 1)
+    for index in range(steps):
+        writer.write("steps", [{**healthy_step(index), "rank": 1, **(step(index) if step else {})}])
+    writer.write("events", list(events))
+    writer.write_rank_meta({"rank": 1, "world_size": 2, "status": status, "host": "elsewhere", "pid": 1})
+    writer.close()
+    return load_run(run.path)

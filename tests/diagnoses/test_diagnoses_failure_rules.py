@@ -9,22 +9,10 @@ import pytest
 from gpuprof.cli.run_report import stopped_lines
 from gpuprof.diagnoses import diagnose
 from gpuprof.report import build_report
-from gpuprof.run.reader import load_run
 from gpuprof.run.schema import EventKind
 from gpuprof.run.writer import RunWriter
 
-from diagnoses_helpers import STEP_TIME_S, healthy_step
-
-
-def second_rank(run, *, status: str = "finished", step=None, events=(), steps: int = 20):
-    """Rank 1 of `run` (written with world_size 2), with its rank meta, steps and events."""
-    writer = RunWriter(run.path, 1)
-    for index in range(steps):
-        writer.write("steps", [{**healthy_step(index), "rank": 1, **(step(index) if step else {})}])
-    writer.write("events", list(events))
-    writer.write_rank_meta({"rank": 1, "world_size": 2, "status": status, "host": "elsewhere", "pid": 1})
-    writer.close()
-    return load_run(run.path)
+from diagnoses_helpers import STEP_TIME_S, second_rank
 
 
 def findings_of(run, rule: str) -> list:

@@ -9,7 +9,7 @@ paired with the healthy loop, where the rule must stay silent.
 from __future__ import annotations
 
 import pytest
-from diagnoses_helpers import fired
+from diagnoses_helpers import fired, second_rank
 
 from gpuprof.analysis.run import summarize
 from gpuprof.cli.run_report import summary_lines
@@ -119,6 +119,21 @@ def test_periodic_evaluation_is_left_out_of_every_step_time_figure(write_cpu_run
     assert summary.evaluation["steps_with_eval"] == 4
     assert "(evaluation left out)" in next(line for line in summary_lines(summary) if "step time   p50" in line)
     assert not fired(run, "step-time-variance")
+
+
+def test_an_evaluation_on_every_rank_is_one_evaluating_step_lasting_its_slowest_ranks(write_cpu_run):
+    """Both ranks of a 2-rank run evaluate in steps 3, 7, 11 and 15, rank 1 for 0.05 s longer: 4 evaluations
+    (8 rows), each as long as rank 1's."""
+    def evaluating(rank):
+        def step(i):
+            eval_s = 0.25 + 0.05 * rank if i % 4 == 3 else None
+            return {"step_time_s": STEADY_S + (eval_s or 0.0), "eval_time_s": eval_s}
+        return step
+
+    run = second_rank(write_cpu_run(meta={"world_size": 2}, step=evaluating(0), steps=16), step=evaluating(1), steps=16)
+    evaluation = summarize(run).evaluation
+    assert (evaluation["steps_with_eval"], evaluation["every_steps"]) == (4, 15 / 4)  # step 0 is warm-up
+    assert evaluation["mean_s"] == pytest.approx(0.3)
 
 
 def test_step_time_variance_says_which_phase_the_slow_steps_spend_it_in(write_cpu_run):

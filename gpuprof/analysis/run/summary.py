@@ -256,13 +256,15 @@ def phase_split_pct(figures: dict) -> dict:
     }
 
 
-def evaluation_figures(figures: dict) -> dict:
-    """How often the loop evaluated (one step in `every_steps`), how long each took and its share of the
-    run's time (training and evaluation); empty when no step evaluated."""
-    evaluations, total_s, run_s = figures["eval_rows"], figures["eval_total_s"], figures["step_time_total_s"]
-    if not evaluations or not total_s:
+def evaluation_figures(eval_times: pd.Series, measured_times: pd.Series) -> dict:
+    """How often the loop evaluated (one step in `every_steps`), how long each took (a step's evaluation is its
+    slowest rank's, as its time is) and its share of the run's time (training and evaluation); empty when no
+    step evaluated."""
+    total_s, run_s = float(eval_times.sum()), float(measured_times.sum())
+    if not total_s:
         return {}
-    return {"steps_with_eval": int(evaluations), "every_steps": figures["rows"] / evaluations,
+    evaluations = len(eval_times)
+    return {"steps_with_eval": evaluations, "every_steps": len(measured_times) / evaluations,
             "mean_s": total_s / evaluations, "total_s": total_s, "share_pct": 100 * total_s / run_s if run_s else None}
 
 
@@ -364,7 +366,7 @@ def summarize(run, device_figures: dict | None = None) -> RunSummary:
         device_mem_total_bytes=device.get("total_memory_bytes") if device.get("kind") == "cuda" else None,
         gpu_util_mean_pct=_known(samples["gpu_util_mean_pct"]),
         phase_split_pct=phase_split_pct(measured) if len(times) else dict.fromkeys(SPLIT_PHASES),
-        evaluation=evaluation_figures(measured) if len(times) else {},
+        evaluation=evaluation_figures(eval_times, measured_times),
         health=health(whole),
         per_rank=per_rank(query, warmup) if len(times) else pd.DataFrame(),
         step_times=times,
