@@ -12,11 +12,12 @@ Harness API (for any test folder: `from script_corpus import ...`):
         karpathy/nanoGPT train.py on random tokens (data/corpus/{train,val}.bin, meta.pkl with
         NANOGPT_VOCAB), a tiny model on the CPU; `config` overrides NANOGPT_CONFIG and is passed
         as nanoGPT's own `--key=value` arguments (max_iters=10 runs iterations 0..10: 11 steps).
-    run_accelerate_clm(tmp_path, patches=(), lines=CLM_LINES, args=())   -> ScriptRun
+    run_accelerate_clm(tmp_path, patches=(), lines=CLM_LINES, args=(), ranks=1)   -> ScriptRun
         accelerate's examples/by_feature/gradient_accumulation_for_autoregressive_models.py
         (accelerator.backward, gradient accumulation, eval after each of its 3 epochs) on a local
         text file, a BPE tokenizer trained here with `tokenizers` and a tiny GPT-2 built from a
-        config, fully offline; `args` go to the script (`--gradient_accumulation_steps 2`).
+        config, fully offline; `args` go to the script (`--gradient_accumulation_steps 2`); `ranks` > 1
+        runs it under torchrun, each rank a process of Accelerate's multi-CPU DDP.
     run_lightning_transformer(tmp_path, patches=(), max_steps=10) -> ScriptRun
         Lightning's examples/pytorch/basics/transformer.py (a LightningModule, Trainer.fit, a
         validation loop) on a local word file, the Trainer limited to `max_steps` steps.
@@ -30,7 +31,7 @@ Harness API (for any test folder: `from script_corpus import ...`):
         class holding the optimizer as an attribute, a model returning `(logits, loss)`, a callback after
         every iteration that samples from the model once in 500) on random words as input.txt; `config`
         overrides CHARGPT_CONFIG as minGPT's own `--section.key=value` arguments.
-    run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=...) -> ScriptRun
+    run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=..., ranks=1) -> ScriptRun
         any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory).
 
 `patches` apply faults and slowdowns at run time, inside the script's process, before the script
@@ -58,6 +59,7 @@ from typing import Any
 import numpy as np
 import pytest
 from numerics.numerics_helpers import events
+from processes import torchrun
 
 import gpuprof
 
@@ -161,12 +163,14 @@ def materialize(name: str, workdir: Path) -> Path:
 
 
 def run_script(name: str, tmp_path: Path, script_args: list[str], patches=(), env: dict | None = None,
-               timeout_s: float = TIMEOUT_S) -> ScriptRun:
-    """`gpuprof run --run-dir tmp_path/run SCRIPT ARGS` with `patches` applied, cwd tmp_path/work."""
+               timeout_s: float = TIMEOUT_S, ranks: int = 1) -> ScriptRun:
+    """`gpuprof run --run-dir tmp_path/run SCRIPT ARGS` with `patches` applied, cwd tmp_path/work; under torchrun
+    (gloo on this host's CPU) with `ranks` > 1."""
     workdir = _workdir(tmp_path)
     script = materialize(name, workdir)
     run_dir = tmp_path / "run"
-    command = [sys.executable, str(RUNNER), json.dumps([_patch_spec(patch) for patch in patches]),
+    python = torchrun(ranks) if ranks > 1 else [sys.executable]
+    command = [*python, str(RUNNER), json.dumps([_patch_spec(patch) for patch in patches]),
                "--run-dir", str(run_dir), str(script), *map(str, script_args)]
     # one torch thread: on a loaded machine of few cores OpenMP threads spinning against each other make a tiny
     # model's step many times slower (and its CPU time several times the step's own)
@@ -213,10 +217,10 @@ def write_nanogpt_data(data_dir: Path, tokens: int = 20_000, seed: int = 0) -> N
 
 
 # ---------------------------------------------------------------------------------------------- Accelerate
-def run_accelerate_clm(tmp_path: Path, patches=(), lines: int = CLM_LINES, args=()) -> ScriptRun:
+def run_accelerate_clm(tmp_path: Path, patches=(), lines: int = CLM_LINES, args=(), ranks: int = 1) -> ScriptRun:
     local = write_clm_assets(_workdir(tmp_path) / "assets", lines)
     offline = ("corpus_patches:offline_hub", local)
-    return run_script("accelerate_clm", tmp_path, ["--cpu", *args], (offline, *patches))
+    return run_script("accelerate_clm", tmp_path, ["--cpu", *args], (offline, *patches), ranks=ranks)
 
 
 def write_clm_assets(folder: Path, lines: int, seed: int = 0) -> dict[str, str]:

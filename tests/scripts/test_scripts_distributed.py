@@ -1,0 +1,37 @@
+"""The Accelerate CLM example, unmodified, under torchrun on two ranks (Accelerate's multi-CPU DDP over gloo),
+`python -m torch.distributed.run ... -m gpuprof run` as a user would launch it: one run directory, every
+rank's steps, and the run's figures counted per step, not per rank."""
+
+from __future__ import annotations
+
+import pytest
+from script_corpus import CLM_LINES, run_accelerate_clm
+
+from gpuprof.report import build_report
+
+pytestmark = pytest.mark.slow  # real scripts in child processes
+
+RANKS = 2
+STEPS = 3 * CLM_LINES // 2 // RANKS  # 3 epochs, 2 lines a batch, the lines split between the ranks
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    result = run_accelerate_clm(tmp_path_factory.mktemp("accelerate-ddp"), ranks=RANKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_every_rank_records_each_step_under_ddp(two_ranks):
+    run = two_ranks.run
+    assert run.meta["world_size"] == RANKS and run.meta["model"]["wrapper"] == "DistributedDataParallel"
+    steps = run.steps
+    assert steps.groupby("rank")["step"].apply(list).to_dict() == {rank: list(range(STEPS)) for rank in range(RANKS)}
+    assert steps["loss_finite"].all() and steps["grad_norm"].notna().all()
+
+
+def test_its_epoch_end_evaluations_are_counted_once_each_not_once_per_rank(two_ranks):
+    report = build_report(two_ranks.run.path)
+    assert report.summary.evaluation["steps_with_eval"] == 2  # after epochs 1 and 2 (the 3rd ends the run)
+    assert "Evaluation inside the loop is left out of the step's bound: 2 time(s)" in report.verdict.why
+    assert sorted(report.summary.per_rank["rank"]) == list(range(RANKS))
