@@ -11,11 +11,20 @@ they measure over the ranks, on the device.
 
 from __future__ import annotations
 
+import functools
 import time
+from typing import Any
 
 import torch
 
 from gpuprof.modules import initialized, local_tensor
+
+# The collectives a loop calls itself, looked up on torch.distributed at each call (Accelerate's gather, broadcast
+# and reduce do): wrapped there, each call is an arrival of the step.
+LOOP_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+                    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
+                    "gather_object", "scatter", "all_to_all", "all_to_all_single", "barrier")
+MAX_ARRIVALS = 8
 
 _DDP_TIMES_NS = {
     "avg_forward_compute_time": "ddp_forward_time_s",
@@ -127,25 +136,60 @@ class FsdpCollector:
 
 
 class DdpCollector:
-    """DDP's timing averages per step, and each step's arrival at its first gradient all-reduce.
+    """DDP's timing averages per step, and each step's arrivals at its collectives.
 
-    The arrival (`collective_arrival_unix_s`) is the wall clock when DDP hands its first gradient bucket
-    to the communication hook gpuprof registers: the same all-reduce DDP makes without one (each
-    gradient scaled by 1/world size the way DDP's own reducer does it, so the numbers do not change),
-    with a timestamp on the host, no sync. A loop that registered its own comm hook keeps it, and
-    records no arrivals."""
+    The arrivals (`collective_arrivals_unix_s`: the first MAX_ARRIVALS of the step, in order) are the wall
+    clock each time the step calls a collective on the host: a `torch.distributed` collective of the loop's
+    own (a loss all-reduced for logging, `accelerator.gather` before the forward; wrapped while the run
+    records), and DDP handing its first gradient bucket to the communication hook gpuprof registers: the
+    same all-reduce DDP makes without one (each gradient scaled by 1/world size the way DDP's own reducer
+    does it, so the numbers do not change). Timestamps on the host, no sync. Every rank makes the same
+    collectives in the same order, so at each the rank arriving last is the one the others wait for there.
+    A loop that registered its own comm hook keeps it, and records arrivals only at its own collectives."""
 
     name = "ddp"
 
     def __init__(self, model: torch.nn.parallel.DistributedDataParallel):
         self._model = model
-        self.arrival_unix_s: float | None = None  # this step's, read by the hang watchdog too
+        self.arrivals_unix_s: list[float] = []  # this step's
         self._hooked = False
+        self._bucket_arrived = False
+        self._wrapped: dict[str, Any] = {}
+        self._prof = None
+
+    @property
+    def arrival_unix_s(self) -> float | None:
+        """When this step first reached a collective, read by the hang watchdog."""
+        return self.arrivals_unix_s[0] if self.arrivals_unix_s else None
 
     def on_start(self, prof) -> None:
+        self._prof = prof
         if not getattr(self._model, "_comm_hooks", None):
             self._model.register_comm_hook(self._model.process_group, self._all_reduce)
             self._hooked = True
+        for name in LOOP_COLLECTIVES:
+            original = getattr(torch.distributed, name, None)
+            if original is not None:
+                self._wrapped[name] = original
+                setattr(torch.distributed, name, self._arriving(original))
+
+    def on_close(self, prof) -> None:
+        for name, original in self._wrapped.items():
+            setattr(torch.distributed, name, original)
+        self._wrapped.clear()
+
+    def _arriving(self, collective):
+        @functools.wraps(collective)
+        def arriving(*args, **kwargs):
+            if not self._prof.bookkeeping:
+                self._arrive()
+            return collective(*args, **kwargs)
+
+        return arriving
+
+    def _arrive(self) -> None:
+        if len(self.arrivals_unix_s) < MAX_ARRIVALS:
+            self.arrivals_unix_s.append(time.time())
 
     def meta(self, prof) -> dict:
         return {"distributed": {**distributed_facts(), "arrivals": self._hooked}}
@@ -154,12 +198,14 @@ class DdpCollector:
         logging_data = self._model._get_ddp_logging_data()
         columns = {column: logging_data[key] / 1e9 if logging_data.get(key) else None
                    for key, column in _DDP_TIMES_NS.items()}
-        columns["collective_arrival_unix_s"], self.arrival_unix_s = self.arrival_unix_s, None
+        columns["collective_arrivals_unix_s"], self.arrivals_unix_s = self.arrivals_unix_s or None, []
+        self._bucket_arrived = False
         return columns
 
     def _all_reduce(self, group, bucket):  # no annotations: DDP rejects postponed ones
-        if self.arrival_unix_s is None:
-            self.arrival_unix_s = time.time()
+        if not self._bucket_arrived:  # DDP's first bucket of the step; its all_reduce below is no arrival of the loop's
+            self._bucket_arrived = True
+            self._arrive()
         buffer = bucket.buffer()
         world_size = group.size()
         # as DDP's reducer without a hook: it divides gradients that are bucket views, multiplies copies
@@ -167,5 +213,5 @@ class DdpCollector:
             buffer.div_(world_size)
         else:
             buffer.mul_(1.0 / world_size)
-        work = torch.distributed.all_reduce(buffer, group=group, async_op=True)
+        work = self._wrapped.get("all_reduce", torch.distributed.all_reduce)(buffer, group=group, async_op=True)
         return work.get_future().then(lambda future: future.value()[0])

@@ -10,7 +10,8 @@ Evaluation inside the loop is no share of the training step: it is said apart, w
 how often. Where the stack sampler ran, an input or host share names the user's functions that
 hold it (gpuprof.analysis.run.hotspots).
 A run that stopped (a hang, ranks that failed or died: the `failure` rules) says so before anything
-else; then critical numerics or memory trouble bounds the run whatever the timings say. A bound other than
+else; then critical numerics or memory trouble bounds the run whatever the timings say; then a straggler the
+other ranks wait for at least BOUND_MIN_SHARE_PCT of a step (their phases hold that wait). A bound other than
 compute is named when its share reaches `BOUND_MIN_SHARE_PCT`; otherwise the step is bound by
 its compute, once every other bound was measured. Where one was not, the verdict names the
 missing signal and how to record it instead of guessing.
@@ -32,6 +33,7 @@ from gpuprof.run.jsonable import json_safe
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
 BOUND_MIN_SHARE_PCT = 15.0
+STRAGGLER_RULES = ("late-arrival", "rank-straggler")  # a rank the others wait for
 # Categories of the trace's step breakdown (gpuprof.analysis.trace.steps) behind each bound; host
 # ops (`cpu_exec`) are compute in a CPU-only trace and host work beside a device's kernels.
 TRACE_COLUMNS = {
@@ -154,7 +156,7 @@ def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_tra
         return unreadable_steps(summary.damaged_ranks)
     if summary.n_steps == 0:
         return missing("steps", "The run recorded no step.")
-    trouble = critical_trouble(summary, findings)
+    trouble = critical_trouble(summary, findings) or straggler(findings)
     if trouble is not None:
         return trouble
     shares, sources = step_shares(summary, trace_steps, device_trace)
@@ -194,6 +196,19 @@ def critical_trouble(summary, findings: list) -> Verdict | None:
             return Verdict(bound, share_pct, f"{finding.title}{share}.", next_step(bound, findings),
                            subject=origin_text(finding.evidence.get("origin")))
     return None
+
+
+def straggler(findings: list) -> Verdict | None:
+    """A rank the others wait for at a collective, for a share of the step that bounds it: their phases hold that
+    wait (in the backward's all-reduce, or in `other` at a collective of the loop's), so the rank at fault
+    bounds the step before any phase share does."""
+    finding = next((f for f in findings if f.rule in STRAGGLER_RULES and f.severity != "info"
+                    and (f.est_gain_pct or 0.0) >= BOUND_MIN_SHARE_PCT), None)
+    if finding is None:
+        return None
+    rank = finding.evidence.get("last_rank", finding.evidence.get("slow_rank"))
+    return Verdict("communication", finding.est_gain_pct, f"{finding.title}.", finding.fix,
+                   subject=f"waiting for rank {rank}")
 
 
 def origin_text(origin) -> str | None:

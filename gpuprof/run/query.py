@@ -46,7 +46,7 @@ ESTIMATE_SAMPLE_ROWS = 100_000
 # batches of ranks holding about this many values in all (rows x quantiles asked).
 RANK_BATCH_VALUES = 12_000_000
 # The SQL type of a documented column nobody wrote, by what it holds (gpuprof.run.schema.column_kind).
-SQL_TYPES = {"number": "DOUBLE", "flag": "BOOLEAN", "text": "VARCHAR", "list": "VARCHAR[]", "details": "VARCHAR"}
+SQL_TYPES = {"number": "DOUBLE", "flag": "BOOLEAN", "text": "VARCHAR", "details": "VARCHAR"}
 
 
 def _ident(name: str) -> str:
@@ -357,12 +357,17 @@ class RunQuery:
         return _as_reader_frame(frame, stream)
 
     def per_step_last(self, column: str) -> pd.DataFrame:
-        """Per step where more than one rank has `column`: the rank with its largest value, that value
-        minus the step's median (`above_median`) and how many ranks had one."""
-        value = _ident(column)
-        return self._frame(f"SELECT step, arg_max(rank, {value}) AS rank, max({value}) - median({value}) AS above_median, "
-                           f"count(*) AS ranks FROM {self._source('steps')} WHERE {value} IS NOT NULL "
-                           "GROUP BY step HAVING count(*) > 1 ORDER BY step")
+        """Per step where more than one rank has the list `column` (times, one per event every rank has in the same
+        order): over the step's events, the rank furthest above that event's median (`rank`), by how much
+        (`above_median`), at which event (`event`, from 0) and how many ranks had it."""
+        values = _ident(column)
+        items = (f"SELECT step, rank, unnest({values}) AS value, unnest(range(len({values}))) AS event "
+                 f"FROM {self._source('steps')} WHERE {values} IS NOT NULL")
+        medians = "SELECT step, event, median(value) AS median, count(*) AS ranks FROM items GROUP BY step, event HAVING count(*) > 1"
+        return self._frame(f"WITH items AS ({items}), medians AS ({medians}) "
+                           "SELECT step, arg_max(rank, value - median) AS rank, max(value - median) AS above_median, "
+                           "arg_max(event, value - median) AS event, max(ranks) AS ranks "
+                           "FROM items JOIN medians USING (step, event) GROUP BY step ORDER BY step")
 
     def rank_frame(self, stream: str, rank: int, columns=None) -> pd.DataFrame:
         """One rank's rows (reads only that rank's file)."""
@@ -472,7 +477,8 @@ def _approx(aggregate: Agg) -> str:
 
 
 def _empty_type(stream: str, column: str) -> str:
-    return SQL_TYPES[schema.column_kind(stream, column)]
+    kind = schema.column_kind(stream, column)
+    return f"{SQL_TYPES[schema.LIST_COLUMNS[stream][column]]}[]" if kind == "list" else SQL_TYPES[kind]
 
 
 def _projection(stream: str, types: dict[str, str]) -> list[str]:
@@ -482,7 +488,7 @@ def _projection(stream: str, types: dict[str, str]) -> list[str]:
     selected = []
     for column in columns:
         name, kind = _ident(column), types.get(column)
-        if column in schema.LIST_COLUMNS.get(stream, ()) and not (kind or "").endswith("[]"):
+        if column in schema.LIST_COLUMNS.get(stream, {}) and not (kind or "").endswith("[]"):
             selected.append(f"NULL::{_empty_type(stream, column)} AS {name}")
         elif kind is None:
             selected.append(f"NULL::{_empty_type(stream, column)} AS {name}")

@@ -56,7 +56,7 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
         "tokens_per_s", "flops_per_s", "mfu", "grad_norm", "grad_norm_finite", "loss_finite",
         "scaler_scale", "scaler_growth_tracker", "step_skipped", "lr", "mem_allocated_bytes",
         "mem_reserved_bytes", "mem_peak_allocated_bytes", "mem_alloc_retries", "mem_ooms",
-        "mem_nvml_used_bytes", "mem_nvml_gap_bytes", "mem_rss_bytes", "collective_arrival_unix_s",
+        "mem_nvml_used_bytes", "mem_nvml_gap_bytes", "mem_rss_bytes", "collective_arrivals_unix_s",
     ),
     "system": (
         "time_unix_s", "rank", "device_index", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
@@ -74,7 +74,8 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
                    "collective_seq", "where"),
 }
 STREAMS = tuple(STREAM_COLUMNS)
-LIST_COLUMNS = {"system": ("throttle_reasons",)}
+# Lists, with what their items hold.
+LIST_COLUMNS = {"system": {"throttle_reasons": "text"}, "steps": {"collective_arrivals_unix_s": "number"}}
 # Booleans (a rank that never wrote one stores an all-null float column instead).
 FLAG_COLUMNS = {"steps": ("grad_norm_finite", "loss_finite", "step_skipped")}
 # Text columns; every other documented column (lists, flags, details aside) holds numbers.

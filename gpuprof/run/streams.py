@@ -48,7 +48,7 @@ def checked(frame: pd.DataFrame, stream: str, path: Path) -> pd.DataFrame:
 
 def with_lists(frame: pd.DataFrame, stream: str) -> pd.DataFrame:
     """The stream's list columns as lists (Parquet and DuckDB give numpy arrays; JSON lines give lists)."""
-    for column in schema.LIST_COLUMNS.get(stream, ()):
+    for column in schema.LIST_COLUMNS.get(stream, {}):
         if column in frame:
             frame[column] = [list(v) if isinstance(v, (np.ndarray, list)) else None for v in frame[column]]
     return frame

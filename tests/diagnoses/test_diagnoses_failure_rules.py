@@ -20,18 +20,31 @@ def findings_of(run, rule: str) -> list:
 
 
 def arrival(rank: int, late_rank: int, lag_s: float):
-    return lambda index: {"collective_arrival_unix_s": 1000.0 + STEP_TIME_S * index + (lag_s if rank == late_rank else 0.0)}
+    """Two collectives a step: the loss all-reduced for logging after the update, where every rank is in step,
+    then DDP's first gradient bucket, which `late_rank` reaches `lag_s` late, its data phase as much longer."""
+    def step(index):
+        start_s, late_s = 1000.0 + STEP_TIME_S * index, lag_s if rank == late_rank else 0.0
+        return {"collective_arrivals_unix_s": [start_s, start_s + 0.05 + late_s], "data_time_s": 0.01 + late_s}
+
+    return step
 
 
-def test_the_rank_that_arrives_last_at_the_first_all_reduce_is_the_straggler(write_cpu_run):
+def test_the_rank_that_arrives_last_at_a_collective_is_the_straggler_with_its_slower_phase(write_cpu_run):
     run = write_cpu_run(meta={"world_size": 2}, step=arrival(0, late_rank=1, lag_s=0.08))
     run = second_rank(run, step=arrival(1, late_rank=1, lag_s=0.08))
     [finding] = findings_of(run, "late-arrival")
     assert finding.severity == "warning" and finding.category == "communication"
-    assert finding.evidence["last_rank"] == 1 and finding.evidence["last_in_steps"] == finding.evidence["steps"]
-    assert finding.evidence["lag_p50_s"] == pytest.approx(0.04)  # 80 ms after rank 0: 40 ms after the median of two
-    assert finding.title == f"Rank 1 arrives last at the step's first all-reduce in {finding.evidence['steps']} of " \
-                            f"{finding.evidence['steps']} steps, 40 ms after the median rank"
+    evidence = finding.evidence
+    assert evidence["last_rank"] == 1 and evidence["last_in_steps"] == evidence["steps"] and evidence["collective"] == 1
+    assert evidence["lag_p50_s"] == pytest.approx(0.04)  # 80 ms after rank 0: 40 ms after the median of two
+    assert (evidence["slower_phase"], evidence["slower_phase_excess_s"]) == ("data", pytest.approx(0.08))
+    assert finding.title == (f"Rank 1 arrives last at the step's collective 2 in {evidence['steps']} of {evidence['steps']} "
+                             "steps, 40 ms after the median rank: its data takes 80 ms more per step than the other ranks'")
+    report = build_report(run.path)  # rank 1's 80 ms more of data is also more own work: rank-straggler, ranked first
+    stragglers = {f.rule: f.est_gain_pct for f in report.findings if f.rule in ("late-arrival", "rank-straggler")}
+    assert stragglers == {"rank-straggler": pytest.approx(40), "late-arrival": pytest.approx(20)}
+    verdict = report.verdict  # the others' wait bounds the step
+    assert (verdict.bound, verdict.share_pct, verdict.subject) == ("communication", pytest.approx(40), "waiting for rank 1")
 
 
 def test_a_different_last_rank_each_step_is_jitter_and_no_lag_is_nothing(write_cpu_run):

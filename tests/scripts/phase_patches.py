@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 
@@ -21,9 +22,13 @@ def slow_memmap(delay_s: float) -> None:
     np.memmap = SlowMemmap
 
 
-def slow_dataloader_fetch(delay_s: float) -> None:
-    """Every batch a torch DataLoader fetches (in the loop's process: no workers) takes `delay_s` longer."""
+def slow_dataloader_fetch(delay_s: float, on_rank: int | None = None) -> None:
+    """Every batch a torch DataLoader fetches (in the loop's process: no workers) takes `delay_s` longer; under
+    torchrun only on rank `on_rank`, when given."""
     from torch.utils.data._utils import fetch
+
+    if on_rank is not None and int(os.environ.get("RANK", 0)) != on_rank:
+        return
 
     original = fetch._MapDatasetFetcher.fetch
 

@@ -23,7 +23,7 @@ HEARTBEAT_S = 5.0  # when meta.json does not say (a run recorded without the wat
 OUTCOME_COLUMNS = ["rank", "status", "last_step", "last_seen_unix_s", "error", "traceback"]
 HANG_COLUMNS = ["time_unix_s", "rank", "step", "message", "behind_ranks", "waiting_ranks", "desync", "ended",
                 "stacks"]
-ARRIVAL_COLUMNS = ["step", "last_rank", "lag_s", "ranks"]
+ARRIVAL_COLUMNS = ["step", "last_rank", "lag_s", "collective", "ranks"]
 
 
 def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
@@ -92,9 +92,10 @@ def stack_text(frames: list[dict]) -> str:
 
 
 def last_arrivals(run) -> pd.DataFrame:
-    """Per step that more than one rank timed: the rank that arrived last at the step's first collective,
-    and how many seconds after the median rank (`collective_arrival_unix_s`, gpuprof.capture.distributed)."""
-    table = run.query.per_step_last("collective_arrival_unix_s")
+    """Per step that more than one rank timed: of the step's collectives, the one where a rank arrived the
+    furthest after the median rank (`collective`, from 0), that rank and how many seconds after
+    (`collective_arrivals_unix_s`, gpuprof.capture.distributed)."""
+    table = run.query.per_step_last("collective_arrivals_unix_s").rename(columns={"event": "collective"})
     return table.rename(columns={"rank": "last_rank", "above_median": "lag_s"})[ARRIVAL_COLUMNS]
 
 

@@ -1,7 +1,9 @@
-"""Multi-rank problems: stragglers (by own work, and by arrival at the first all-reduce), DataParallel,
+"""Multi-rank problems: stragglers (by own work, and by arrival at the step's collectives), DataParallel,
 and a non-NCCL backend on GPUs."""
 
 from __future__ import annotations
+
+import pandas as pd
 
 from gpuprof.analysis.run.ranks import last_arrivals
 from gpuprof.analysis.run.summary import OWN_WORK_PHASES
@@ -61,8 +63,9 @@ def rank_straggler(ctx):
 
 @rule("late-arrival", "communication")
 def late_arrival(ctx):
-    """DDP's all-reduce makes every rank's backward as long as the slowest's, so own work can hide the rank
-    at fault under load; the arrival at the step's first all-reduce (a comm hook timestamp) does not."""
+    """A collective makes every rank wait for the slowest, in whatever phase it waits (DDP's all-reduce in the
+    backward, a gather before the forward in "other"), so own work can hide the rank at fault; its arrivals
+    at the step's collectives (host timestamps) do not."""
     if ctx.world_size < 2:
         return None
     steps = last_arrivals(ctx.run)
@@ -77,24 +80,42 @@ def late_arrival(ctx):
     lag_pct = 100 * lag_s / step_s if step_s else 0.0
     if lag_s < STRAGGLER_LAG_MIN_S or lag_pct < STRAGGLER_LAG_WARNING_PCT:
         return None
+    collective = int(steps.loc[steps["last_rank"] == rank, "collective"].mode().iloc[0])
+    phase, excess_s = slower_phase(ctx.summary.per_rank, rank)
     evidence = {"last_rank": rank, "last_in_steps": times, "steps": len(steps), "last_share_pct": share_pct,
-                "lag_p50_s": lag_s, "lag_pct_of_step": lag_pct,
+                "lag_p50_s": lag_s, "lag_pct_of_step": lag_pct, "collective": collective,
+                "slower_phase": phase, "slower_phase_excess_s": excess_s,
                 "last_count_by_rank": {int(r): int(n) for r, n in counts.head(EVIDENCE_RANKS).items()}}
     if share_pct <= LAST_ARRIVAL_SHARE_PCT:
         return Finding(
             rule="late-arrival", severity="info", evidence=evidence,
-            title=(f"A different rank arrives last at the first all-reduce from step to step (rank {rank} most "
+            title=(f"A different rank arrives last at the step's collectives from step to step (rank {rank} most "
                    f"often, {times} of {len(steps)} steps): jitter, no one straggler"),
             fix="Look for what varies per step on every rank: data loading, host load, garbage collection.",
         )
+    where = f"its {phase} takes {1000 * excess_s:.0f} ms more per step than the other ranks'" if phase else None
     return Finding(
         rule="late-arrival", severity="warning", evidence=evidence,
-        title=(f"Rank {rank} arrives last at the step's first all-reduce in {times} of {len(steps)} steps, "
-               f"{1000 * lag_s:.0f} ms after the median rank"),
-        fix=(f"Find what rank {rank} does more of before its backward: its data shard or loader, a busier host or "
-             "CPU affinity, extra logging on that rank, a slower or throttled GPU."),
+        title=(f"Rank {rank} arrives last at the step's collective {collective + 1} in {times} of {len(steps)} steps, "
+               f"{1000 * lag_s:.0f} ms after the median rank" + (f": {where}" if where else "")),
+        fix=(f"Find what rank {rank} does more of before that collective{f' ({where})' if where else ''}: its data "
+             "shard or loader, a busier host or CPU affinity, extra logging on that rank, a slower or throttled GPU. "
+             "The other ranks wait for it there."),
         est_gain_pct=lag_pct,
     )
+
+
+def slower_phase(per_rank, rank: int) -> tuple[str | None, float | None]:
+    """The phase of its own work in which `rank`'s median exceeds the other ranks' median the most, and by how
+    much; (None, None) when none does."""
+    table = per_rank.set_index("rank")
+    if rank not in table.index or len(table) < 2:
+        return None, None
+    excess = {phase: float(table.at[rank, column] - table.drop(rank)[column].median())
+              for phase in OWN_WORK_PHASES if (column := f"{phase}_time_p50_s") in table
+              and pd.notna(table.at[rank, column])}
+    phase = max(excess, key=excess.get, default=None)
+    return (phase, excess[phase]) if phase is not None and excess[phase] > 0 else (None, None)
 
 
 @rule("dataparallel", "communication")
