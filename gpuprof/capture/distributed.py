@@ -181,7 +181,8 @@ class DdpCollector:
     def _arriving(self, collective):
         @functools.wraps(collective)
         def arriving(*args, **kwargs):
-            if not self._prof.bookkeeping:
+            # traced by torch.compile, only the collective: dynamo maps it to its functional collective
+            if not torch.compiler.is_compiling() and not self._prof.bookkeeping:
                 self._arrive()
             return collective(*args, **kwargs)
 

@@ -54,3 +54,6 @@ def test_a_rank_whose_loader_is_slower_is_the_one_the_verdict_says_the_others_wa
     verdict = report.verdict
     assert (verdict.bound, verdict.subject) == ("communication", "waiting for rank 1"), verdict.why
     assert verdict.why.startswith("Rank 1 arrives last at the step's collective 2 in ")
+    # rank 0's samples in its `other`, where it waits: the gather before the forward
+    assert evidence["others_wait_at"][0] == "training_function (gradient_accumulation_for_autoregressive_models.py:231)"
+    assert "; the others wait for it at training_function (gradient_accumulation_for_autoregressive_models.py:231)" in verdict.why

@@ -46,8 +46,8 @@ def slow_steps(query, measured: pd.Index, slow: pd.Index, evaluation: pd.Series,
     evaluating = int((evaluation.reindex(slow).fillna(0.0) > 0).sum())
     if excess[phase] <= 0:
         return SlowSteps(steps=[int(step) for step in slow], evaluating=evaluating)
-    sites = _sample_sites(query, rank, slow, phase)
-    named = sites[sites >= MIN_SITE_SHARE * sites.sum()].drop(LIBRARIES, errors="ignore").head(MAX_SITES)
+    sites = sample_sites(query, rank, slow, phase)
+    named = named_sites(sites)
     return SlowSteps(steps=[int(step) for step in slow], phase=phase, excess_s=excess[phase], evaluating=evaluating,
                      samples=int(sites.sum()), sites={label: int(n) for label, n in named.items()})
 
@@ -57,7 +57,7 @@ def _excess_s(times: pd.Series, measured: pd.Index, slow: pd.Index) -> float:
     return float((times.reindex(slow) - times.median()).median())
 
 
-def _sample_sites(query, rank: int | None, steps: pd.Index, phase: str) -> pd.Series:
+def sample_sites(query, rank: int | None, steps: pd.Index, phase: str) -> pd.Series:
     """Samples per user site (LIBRARIES: no frame of the user's) in `phase` of `steps`, most first."""
     if rank is None or not query.rows("stacks"):
         return pd.Series(dtype="int64")
@@ -65,3 +65,9 @@ def _sample_sites(query, rank: int | None, steps: pd.Index, phase: str) -> pd.Se
     samples = samples[samples["step"].isin(steps) & (samples["phase"] == phase)]
     labels = [site_label(*site) for site in zip(samples["function"], samples["file"], samples["line"])]
     return pd.Series(labels, dtype=object).value_counts()
+
+
+def named_sites(sites: pd.Series) -> pd.Series:
+    """The user's sites among `sites` (samples per site, most first) worth naming: each holding at least
+    MIN_SITE_SHARE of all, at most MAX_SITES."""
+    return sites[sites >= MIN_SITE_SHARE * sites.sum()].drop(LIBRARIES, errors="ignore").head(MAX_SITES)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pandas as pd
 
 from gpuprof.analysis.run.ranks import last_arrivals
+from gpuprof.analysis.run.slow_steps import named_sites, sample_sites
 from gpuprof.analysis.run.summary import OWN_WORK_PHASES
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
+from gpuprof.run.schema import SPLIT_PHASES
 
 STRAGGLER_LAG_WARNING_PCT = 10.0
 STRAGGLER_LAG_MIN_S = 0.002
@@ -80,11 +82,13 @@ def late_arrival(ctx):
     lag_pct = 100 * lag_s / step_s if step_s else 0.0
     if lag_s < STRAGGLER_LAG_MIN_S or lag_pct < STRAGGLER_LAG_WARNING_PCT:
         return None
-    collective = int(steps.loc[steps["last_rank"] == rank, "collective"].mode().iloc[0])
+    late_steps = steps.loc[steps["last_rank"] == rank]
+    collective = int(late_steps["collective"].mode().iloc[0])
     phase, excess_s = slower_phase(ctx.summary.per_rank, rank)
+    waiting_at = waiting_sites(ctx, rank, pd.Index(late_steps["step"]))
     evidence = {"last_rank": rank, "last_in_steps": times, "steps": len(steps), "last_share_pct": share_pct,
                 "lag_p50_s": lag_s, "lag_pct_of_step": lag_pct, "collective": collective,
-                "slower_phase": phase, "slower_phase_excess_s": excess_s,
+                "slower_phase": phase, "slower_phase_excess_s": excess_s, "others_wait_at": waiting_at,
                 "last_count_by_rank": {int(r): int(n) for r, n in counts.head(EVIDENCE_RANKS).items()}}
     if share_pct <= LAST_ARRIVAL_SHARE_PCT:
         return Finding(
@@ -93,16 +97,34 @@ def late_arrival(ctx):
                    f"often, {times} of {len(steps)} steps): jitter, no one straggler"),
             fix="Look for what varies per step on every rank: data loading, host load, garbage collection.",
         )
-    where = f"its {phase} takes {1000 * excess_s:.0f} ms more per step than the other ranks'" if phase else None
+    slower = f"its {phase} takes {1000 * excess_s:.0f} ms more per step than the other ranks'" if phase else None
+    waiting = f"the others wait for it at {', '.join(waiting_at)}" if waiting_at else None
     return Finding(
         rule="late-arrival", severity="warning", evidence=evidence,
-        title=(f"Rank {rank} arrives last at the step's collective {collective + 1} in {times} of {len(steps)} steps, "
-               f"{1000 * lag_s:.0f} ms after the median rank" + (f": {where}" if where else "")),
-        fix=(f"Find what rank {rank} does more of before that collective{f' ({where})' if where else ''}: its data "
-             "shard or loader, a busier host or CPU affinity, extra logging on that rank, a slower or throttled GPU. "
-             "The other ranks wait for it there."),
+        title="; ".join(filter(None, [
+            f"Rank {rank} arrives last at the step's collective {collective + 1} in {times} of {len(steps)} steps, "
+            f"{1000 * lag_s:.0f} ms after the median rank" + (f": {slower}" if slower else ""), waiting])),
+        fix=(f"Find what rank {rank} does more of before that collective{f' ({slower})' if slower else ''}: its data "
+             "shard or loader, a busier host or CPU affinity, extra logging on that rank, a slower or throttled GPU."),
         est_gain_pct=lag_pct,
     )
+
+
+def waiting_sites(ctx, late_rank: int, steps: pd.Index) -> list[str]:
+    """Where another rank (the first) waits for `late_rank` in `steps`: its user's lines sampled in the phase
+    where it spends the most more than `late_rank` does (its wait: `other` at a collective of the loop's,
+    `backward` at DDP's); [] without stack samples of it."""
+    table = ctx.summary.per_rank.set_index("rank")
+    waiting = next((rank for rank in table.index if rank != late_rank), None)
+    if waiting is None:
+        return []
+    more = {phase: float(table.at[waiting, column] - table.at[late_rank, column])
+            for phase in SPLIT_PHASES if pd.notna(table.at[waiting, column := f"{phase}_time_p50_s"])
+            and pd.notna(table.at[late_rank, column])}
+    phase = max(more, key=more.get, default=None)
+    if phase is None or more[phase] <= 0:
+        return []
+    return list(named_sites(sample_sites(ctx.run.query, int(waiting), steps, phase)).index)
 
 
 def slower_phase(per_rank, rank: int) -> tuple[str | None, float | None]:
