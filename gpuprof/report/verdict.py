@@ -342,17 +342,18 @@ def loop_levers(bound: str, meta: dict | None, minor: set[str] = frozenset()) ->
     compiled = bool(model.get("compiled"))
     unfused = unfused_optimizers(optimizer) if UNFUSED_OPTIMIZER not in minor else []
     fused = f"a fused optimizer (torch.optim.{unfused[0].get('class') or 'AdamW'}(..., fused=True))" if unfused else ""
+    on_gpu = primary_device(meta).get("kind") == "cuda"
     if bound == "host":
         wanted = {
-            "torch.compile(model) or CUDA graphs for many small kernels": not compiled,
-            "CUDA graphs (torch.compile(model, mode='reduce-overhead'))": compiled,
+            "torch.compile(model) or CUDA graphs for many small kernels": not compiled and on_gpu,
+            "torch.compile(model) to fuse many small operations": not compiled and not on_gpu,
+            "CUDA graphs (torch.compile(model, mode='reduce-overhead'))": compiled and on_gpu,
             "no .item()/print of device values inside the step": True,
             fused: bool(unfused),
         }
     else:
         wanted = {
-            "bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))":
-                primary_device(meta).get("kind") == "cuda" and recorded_dtype(meta) in FP32_NAMES,
+            "bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))": on_gpu and recorded_dtype(meta) in FP32_NAMES,
             "fused attention (torch.nn.functional.scaled_dot_product_attention)": eager_attention(model),
             fused: bool(unfused),
             "torch.compile(model)": not compiled,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diagnoses_helpers import STEP_TIME_S, healthy_step
+from diagnoses_helpers import CPU_DEVICE, STEP_TIME_S, healthy_step
 from filelock import FileLock
 
 from gpuprof.run.reader import load_run
@@ -74,7 +74,6 @@ def write_gpu_run(tmp_path):
     return write
 
 
-CPU_DEVICE = {"index": None, "name": "x86_64", "kind": "cpu", "total_memory_bytes": None, "capability": None}
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from gpuprof.run.reader import load_run
 from gpuprof.run.writer import RunWriter
 
 STEP_TIME_S = 0.2
+CPU_DEVICE = {"index": None, "name": "x86_64", "kind": "cpu", "total_memory_bytes": None, "capability": None}
 
 
 def fired(run, rule_id):

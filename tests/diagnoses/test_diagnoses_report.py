@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from analysis_trace.conftest import TraceBuilder
+from diagnoses_helpers import CPU_DEVICE
 
 from gpuprof.analysis.trace.tables import TABLE_NAMES
 from gpuprof.diagnoses.finding import Finding
@@ -202,6 +203,11 @@ def test_host_levers_and_measuring_findings(gpu_device):
     warmup = Finding(rule="warmup-pollution", severity="info", title="", fix="Leave the first step out",
                      category="host")
     assert verdict.next_step("host", [warmup], compiled).startswith("Cut host work per step: CUDA graphs")
+    on_cpu = {**compiled, "devices": [CPU_DEVICE]}  # nanoGPT compiled on a CPU: no CUDA graphs to capture
+    assert verdict.next_step("host", [warmup], on_cpu) == \
+        "Cut host work per step: no .item()/print of device values inside the step."
+    eager_cpu = {"devices": [CPU_DEVICE], "loop": SDPA_FUSED_LOOP}
+    assert verdict.loop_levers("host", eager_cpu)[0] == "torch.compile(model) to fuse many small operations"
 
 
 def test_an_information_only_finding_is_the_next_step_only_once_the_usual_levers_are_taken():
