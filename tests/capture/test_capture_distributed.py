@@ -72,6 +72,8 @@ def test_every_rank_writes_its_own_records(ddp_run):
     assert seen[0]["losses"] != seen[1]["losses"]  # different data per rank ...
     np.testing.assert_allclose(seen[0]["clip_norms"], seen[1]["clip_norms"], rtol=1e-5)  # ... averaged grads
     assert run.rank_meta[1]["rank"] == 1 and run.rank_meta[1]["status"] == "finished"
+    # one arrival a step: DDP's first bucket (the all-reduce gpuprof's hook makes for it is not the loop's)
+    assert run.steps["collective_arrivals_unix_s"].map(len).eq(1).all()
     # DDP folds an iteration's timing into its averages at the next forward: none yet at step 0
     comm = run.steps.set_index("step")["ddp_backward_comm_time_s"]
     assert comm.loc[0].isna().all()
