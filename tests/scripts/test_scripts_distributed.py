@@ -51,6 +51,8 @@ def test_a_rank_whose_loader_is_slower_is_the_one_the_verdict_says_the_others_wa
     evidence = late.evidence
     assert (late.severity, evidence["last_rank"], evidence["collective"], evidence["slower_phase"]) == ("warning", 1, 1, "data")
     assert evidence["slower_phase_excess_s"] >= delay_s * 0.9 and evidence["last_share_pct"] > 50
+    [data] = [finding for finding in report.findings if finding.rule == "dataloader-bound"]
+    assert "most of it on rank 1" in data.title and data.evidence["data_share_pct_by_rank"][1] > 50
     verdict = report.verdict
     assert (verdict.bound, verdict.subject) == ("communication", "waiting for rank 1"), verdict.why
     assert verdict.why.startswith("Rank 1 arrives last at the step's collective 2 in ")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import pandas as pd
+
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
@@ -20,6 +22,8 @@ DATA_SHARE_WARNING_PCT = 15.0
 DATA_SHARE_CRITICAL_PCT = 40.0
 MAX_LOADER_WORKERS = 4
 LOADER_PREFETCH_FACTOR = 2
+UNEVEN_FACTOR = 2.0  # a rank waiting this many times the median rank's share is named
+EVIDENCE_RANKS = 10
 PIN_MEMORY_FIX = " The loader does not pin memory: pin_memory=True lets each batch's copy to the GPU run asynchronously."
 
 
@@ -85,12 +89,17 @@ def dataloader_bound(ctx):
     else:
         fix = fix_without_loader(site, ctx.on_gpu)
     helpers = min(MAX_LOADER_WORKERS, ctx.host_cpu_count or MAX_LOADER_WORKERS) if not workers else None
+    by_rank = rank_data_shares(ctx.summary.per_rank)
+    uneven = one_rank_waits(by_rank)
     return Finding(
         rule="dataloader-bound",
         severity="critical" if data_share_pct >= DATA_SHARE_CRITICAL_PCT else "warning",
-        title=f"{data_share_pct:.0f}% of step time is spent waiting for the next batch",
+        title=f"{data_share_pct:.0f}% of step time is spent waiting for the next batch" + (
+            f", most of it on rank {uneven[0]} ({uneven[1]:.0f}% of its step; the other ranks {uneven[2]:.0f}%)"
+            if uneven else ""),
         evidence={
             "data_share_pct": data_share_pct,
+            "data_share_pct_by_rank": dict(by_rank.nlargest(EVIDENCE_RANKS).sort_index().items()) or None,
             **source,
             "step_time_p50_s": ctx.summary.step_time_p50_s,
             "num_workers": workers,
@@ -103,6 +112,25 @@ def dataloader_bound(ctx):
         # With workers already, cheaper batches can hide the whole wait; see hidden_by_workers_pct otherwise.
         est_gain_pct=data_share_pct if helpers is None else hidden_by_workers_pct(data_share_pct, helpers),
     )
+
+
+def rank_data_shares(per_rank: pd.DataFrame) -> pd.Series:
+    """Each rank's median data time over its median step time (pct), by rank; empty for one rank."""
+    if len(per_rank) < 2:
+        return pd.Series(dtype=float)
+    table = per_rank.set_index("rank")
+    return (100 * table["data_time_p50_s"] / table["step_time_p50_s"]).dropna().rename(index=int)
+
+
+def one_rank_waits(shares: pd.Series) -> tuple[int, float, float] | None:
+    """(rank, its share, the other ranks' median) when one rank's data share is at least UNEVEN_FACTOR times the
+    other ranks' median: the average over ranks then hides where the wait is (the others wait for that rank
+    elsewhere, at a collective)."""
+    if len(shares) < 2:
+        return None
+    rank = int(shares.idxmax())
+    others = float(shares.drop(rank).median())
+    return (rank, float(shares.max()), others) if shares.max() >= UNEVEN_FACTOR * max(others, 1.0) else None
 
 
 def hidden_by_workers_pct(data_share_pct: float, workers: int) -> float:
