@@ -438,7 +438,7 @@ class Profiler:
             "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION,
             "run_id": self.run_id, "name": self.name, "status": status,
             "start_unix_s": self._start_unix_s, "end_unix_s": end_unix_s,
-            "world_size": self.ranks.world_size,
+            "world_size": self.ranks.world_size, "process_group": self.ranks.process_group,
             "versions": environment.versions(facts.pop("driver", None)),
             "devices": [environment.device_facts(self.device)],
             "model": self.model_info.facts(), "config": self.config,

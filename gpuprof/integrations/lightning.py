@@ -20,7 +20,9 @@ and the train DataLoader are Lightning's own (all of its optimizers). NaN forens
 name modules as the LightningModule holds them (`model.transformer.h.1.mlp`). Under manual
 optimization (`automatic_optimization = False`, the only way Lightning steps several optimizers,
 e.g. Muon beside AdamW) every optimizer is recorded, and the re-run takes the loss the training
-step hands to its first `manual_backward`.
+step hands to its first `manual_backward`. Under the DDP strategy (torchrun, `devices=N`), the DDP
+module the strategy wraps gets gpuprof's DDP collector, as a DDP model given to `gpuprof.profile` does:
+its timing, and each step's arrivals at its collectives, which name a straggler.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from gpuprof.capture.distributed import DdpCollector
 from gpuprof.capture.profiler import Profiler
 from gpuprof.integrations.batches import batch_tokens
 
@@ -94,6 +97,9 @@ class GpuprofCallback(pl.Callback):
                              model=pl_module, optimizer=list(trainer.optimizers), **options)
         self._sums = _StepSums(self.prof.optimizer)
         self.prof.add_collector(self._sums)
+        wrapped = getattr(trainer.strategy, "model", None)
+        if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):  # the DDP strategy's: arrivals, DDP timing
+            self.prof.add_collector(DdpCollector(wrapped))
         self.prof.start()
         self.prof.begin_phase("data")
 

@@ -164,7 +164,7 @@ def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_tra
     if others:
         bound = max(others, key=others.get)
         return measured(bound, shares[bound], sources[bound], findings, meta, sites)
-    signal = missing_signal(summary, shares)
+    signal = missing_signal(summary, shares, grouped=(meta or {}).get("process_group") is not False)
     if signal is not None:
         return unmeasured(signal, summary, shares)
     return measured("compute", shares["compute"], sources["compute"], findings, meta, sites)
@@ -273,11 +273,12 @@ def trace_shares(steps: pd.DataFrame, device_trace: bool) -> dict:
             for bound, names in columns.items()}
 
 
-def missing_signal(summary, shares: dict) -> str | None:
-    """The signal still needed before compute can be called the bound, or None when all were measured."""
+def missing_signal(summary, shares: dict, grouped: bool = True) -> str | None:
+    """The signal still needed before compute can be called the bound, or None when all were measured; `grouped`:
+    the ranks joined a process group (without one they do not communicate)."""
     if "input" not in shares:
         return "phases"
-    if "communication" not in shares and summary.world_size > 1:
+    if "communication" not in shares and summary.world_size > 1 and grouped:
         return "trace window"
     if "compute" not in shares:
         return "trace window" if summary.device_kind == "cuda" else "phases"

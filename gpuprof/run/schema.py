@@ -245,6 +245,7 @@ class RunMeta(_Facts):
     start_unix_s: float | None = None
     end_unix_s: float | None = None
     world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    process_group: bool | None = None  # the ranks joined a torch.distributed group (None: recorded before this field)
     versions: dict[str, str | None] | None = None
     devices: list[DeviceFacts] | None = None
     model: ModelFacts | None = None

@@ -104,3 +104,15 @@ def test_ranks_that_failed_or_vanished_are_named_the_first_to_stop_first(write_c
     assert finding.evidence["status_by_rank"] == {1: "incomplete"}
     assert "rank 1 stopped after step 4 with no traceback" in finding.title
     assert not findings_of(second_rank(write_cpu_run(meta={"world_size": 2})), "ranks-never-finished")
+
+
+def test_ranks_that_never_joined_a_process_group_are_said_to_train_alone_and_none_is_a_straggler(write_cpu_run):
+    """The same lagging rank 1, in processes that never joined a process group: nobody waited for it."""
+    alone = {"world_size": 2, "process_group": False}
+    run = second_rank(write_cpu_run(meta=alone, step=arrival(0, late_rank=1, lag_s=0.08)),
+                      step=arrival(1, late_rank=1, lag_s=0.08))
+    [finding] = findings_of(run, "independent-ranks")
+    assert finding.severity == "warning" and finding.evidence == {"world_size": 2, "ranks_recorded": 2}
+    assert not findings_of(run, "late-arrival") and not findings_of(run, "rank-straggler")
+    grouped = second_rank(write_cpu_run(meta={**alone, "process_group": True}), steps=20)
+    assert not findings_of(grouped, "independent-ranks")

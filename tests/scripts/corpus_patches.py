@@ -30,9 +30,10 @@ def offline_hub(data_files: dict[str, str], tokenizer: str, model: str) -> None:
         lambda name, *args, **kwargs: transformers.AutoModelForCausalLM.from_config(config))
 
 
-def limit_lightning_trainer(max_steps: int) -> None:
+def limit_lightning_trainer(max_steps: int, devices: int | None = None) -> None:
     """The Lightning example trains 20 epochs of WikiText2: stop after `max_steps` optimizer steps,
-    validate and test on 2 batches, write no checkpoint, log or progress bar."""
+    validate and test on 2 batches, write no checkpoint, log or progress bar; with `devices`, its DDP strategy
+    on that many processes (what a user launching it under torchrun sets)."""
     import lightning
 
     trainer_init = lightning.Trainer.__init__
@@ -41,6 +42,8 @@ def limit_lightning_trainer(max_steps: int) -> None:
     def __init__(trainer, *args, **kwargs):
         kwargs.update(max_steps=max_steps, limit_val_batches=2, limit_test_batches=2, num_sanity_val_steps=0,
                       enable_checkpointing=False, logger=False, enable_progress_bar=False, accelerator="cpu")
+        if devices is not None:
+            kwargs.update(devices=devices, strategy="ddp")
         trainer_init(trainer, *args, **kwargs)
 
     lightning.Trainer.__init__ = __init__

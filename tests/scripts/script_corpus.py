@@ -18,9 +18,10 @@ Harness API (for any test folder: `from script_corpus import ...`):
         text file, a BPE tokenizer trained here with `tokenizers` and a tiny GPT-2 built from a
         config, fully offline; `args` go to the script (`--gradient_accumulation_steps 2`); `ranks` > 1
         runs it under torchrun, each rank a process of Accelerate's multi-CPU DDP.
-    run_lightning_transformer(tmp_path, patches=(), max_steps=10) -> ScriptRun
+    run_lightning_transformer(tmp_path, patches=(), max_steps=10, ranks=1, devices=None) -> ScriptRun
         Lightning's examples/pytorch/basics/transformer.py (a LightningModule, Trainer.fit, a
-        validation loop) on a local word file, the Trainer limited to `max_steps` steps.
+        validation loop) on a local word file, the Trainer limited to `max_steps` steps; under torchrun with
+        `ranks` > 1, and `devices` for the Trainer's DDP strategy (without it each process trains alone).
     run_word_language_model(tmp_path, patches=(), flags=(), **args) -> ScriptRun
         pytorch/examples' word_language_model/main.py (an LSTM updating its weights by hand with
         `p.data.add_(p.grad, alpha=-lr)` unless `--use-optimizer` is in `flags`, `torch.save(model)`
@@ -252,13 +253,14 @@ def write_clm_assets(folder: Path, lines: int, seed: int = 0) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- Lightning
-def run_lightning_transformer(tmp_path: Path, patches=(), max_steps: int = 10) -> ScriptRun:
+def run_lightning_transformer(tmp_path: Path, patches=(), max_steps: int = 10, ranks: int = 1,
+                              devices: int | None = None) -> ScriptRun:
     data = _workdir(tmp_path) / "data"
     data.mkdir(exist_ok=True)
     words = _words(0, LIGHTNING_WORDS)
     (data / "wikitext-2.txt").write_text("\n".join(" ".join(words[i:i + 20]) for i in range(0, len(words), 20)))
-    limits = ("corpus_patches:limit_lightning_trainer", {"max_steps": max_steps})
-    return run_script("lightning_transformer", tmp_path, [], (limits, *patches))
+    limits = ("corpus_patches:limit_lightning_trainer", {"max_steps": max_steps, "devices": devices})
+    return run_script("lightning_transformer", tmp_path, [], (limits, *patches), ranks=ranks)
 
 
 # ---------------------------------------------------------------------------------------------- word_language_model

@@ -5,7 +5,7 @@ rank's steps, and the run's figures counted per step, not per rank."""
 from __future__ import annotations
 
 import pytest
-from script_corpus import CLM_LINES, run_accelerate_clm
+from script_corpus import CLM_LINES, run_accelerate_clm, run_lightning_transformer
 
 from gpuprof.report import build_report
 
@@ -59,3 +59,34 @@ def test_a_rank_whose_loader_is_slower_is_the_one_the_verdict_says_the_others_wa
     # rank 0's samples in its `other`, where it waits: the gather before the forward
     assert evidence["others_wait_at"][0] == "training_function (gradient_accumulation_for_autoregressive_models.py:231)"
     assert "; the others wait for it at training_function (gradient_accumulation_for_autoregressive_models.py:231)" in verdict.why
+
+
+def test_under_lightnings_ddp_strategy_a_rank_whose_loader_is_slower_is_named(tmp_path):
+    """Lightning's example under torchrun with its DDP strategy on two processes: the DDP module the strategy
+    wraps gets gpuprof's arrivals through the callback, so rank 1, whose batches take 0.3 s longer, is the one
+    the verdict says the others wait for (at DDP's all-reduce, inside their backward)."""
+    delay_s = 0.3
+    result = run_lightning_transformer(
+        tmp_path, max_steps=8, ranks=RANKS, devices=RANKS,
+        patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": delay_s, "on_rank": 1}),
+                 ("corpus_patches:loader_batch_size", {"batch_size": 2})])
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = build_report(result.run.path)
+    assert report.meta["process_group"] and report.meta["distributed"]["arrivals"]
+    [late] = [finding for finding in report.findings if finding.rule == "late-arrival"]
+    assert (late.evidence["last_rank"], late.evidence["slower_phase"]) == (1, "data")
+    assert (report.verdict.bound, report.verdict.subject) == ("communication", "waiting for rank 1"), report.verdict.why
+
+
+def test_lightning_under_torchrun_without_devices_trains_each_rank_alone_and_says_so(tmp_path):
+    """Without `devices=2` Lightning runs each torchrun process on its own: no process group, so no rank waits
+    for another. gpuprof says so, names no straggler, and asks for no trace window to measure communication."""
+    result = run_lightning_transformer(
+        tmp_path, max_steps=6, ranks=RANKS,
+        patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": 0.3, "on_rank": 1})])
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = build_report(result.run.path)
+    assert report.meta["process_group"] is False and sorted(report.run.steps["rank"].unique()) == [0, 1]
+    rules = {finding.rule for finding in report.findings}
+    assert "independent-ranks" in rules and not rules & {"rank-straggler", "late-arrival"}
+    assert report.verdict.missing is None and report.verdict.subject != "waiting for rank 1"

@@ -22,11 +22,33 @@ LAST_ARRIVAL_SHARE_PCT = 50.0
 MIN_ARRIVAL_STEPS = 5
 
 
+def ranks_wait_for_each_other(ctx) -> bool:
+    """Several ranks in one process group (a run recorded before `process_group` was: taken as grouped)."""
+    return ctx.world_size >= 2 and ctx.meta.get("process_group") is not False
+
+
+@rule("independent-ranks", "communication")
+def independent_ranks(ctx):
+    """Processes launched as ranks of one job (torchrun sets RANK and WORLD_SIZE) that never joined a process group:
+    each trains its own copy of the model, none waits for another, and the job is no faster than one of them."""
+    if ctx.world_size < 2 or ctx.meta.get("process_group") is not False:
+        return None
+    return Finding(
+        rule="independent-ranks",
+        severity="warning",
+        title=f"The {ctx.world_size} ranks never joined a process group: each trains alone, its own copy of the model",
+        evidence={"world_size": ctx.world_size, "ranks_recorded": len(ctx.summary.per_rank)},
+        fix=("Join the ranks into one job: torch.distributed.init_process_group() and DistributedDataParallel (or "
+             "FSDP) in the script; Lightning: Trainer(devices=<processes per node>, strategy='ddp'); Accelerate: "
+             "accelerate launch. Give each rank its shard of the data (DistributedSampler)."),
+    )
+
+
 @rule("rank-straggler", "communication")
 def rank_straggler(ctx):
     # A rank's own work: the summary's per-rank median of the phases outside DDP's collectives.
     per_rank = ctx.summary.per_rank
-    if ctx.world_size < 2 or len(per_rank) < 2:
+    if not ranks_wait_for_each_other(ctx) or len(per_rank) < 2:
         return None
     per_rank_s = per_rank.set_index("rank")["own_work_p50_s"].dropna()
     if len(per_rank_s) < 2:
@@ -68,7 +90,7 @@ def late_arrival(ctx):
     """A collective makes every rank wait for the slowest, in whatever phase it waits (DDP's all-reduce in the
     backward, a gather before the forward in "other"), so own work can hide the rank at fault; its arrivals
     at the step's collectives (host timestamps) do not."""
-    if ctx.world_size < 2:
+    if not ranks_wait_for_each_other(ctx):
         return None
     steps = last_arrivals(ctx.run)
     steps = steps[steps["step"] >= ctx.summary.warmup.n_steps]
