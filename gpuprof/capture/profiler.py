@@ -43,6 +43,7 @@ from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
 from gpuprof.capture.watchdog import check_timeout
 from gpuprof.errors import GpuprofError
+from gpuprof.modules import initialized
 from gpuprof.numerics.options import NumericsOptions, check_policy
 from gpuprof.optimizers import one_optimizer
 from gpuprof.run import schema
@@ -128,6 +129,7 @@ class Profiler:
         )
         self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
         self.ranks = environment.rank_info()
+        self._grouped = self.ranks.process_group
         self.device = environment.resolve_device(self.model)
         self.clock = clock_for(self.device)
         self.model_info = ModelInfo(self.model, flops_per_token, self.config)
@@ -351,6 +353,7 @@ class Profiler:
 
     def _end_step(self, loss, tokens, batch=None) -> None:
         end = self.clock.stamp()
+        self._grouped = self._grouped or initialized()  # a group made after start, perhaps gone by close
         own_work_started = time.perf_counter()
         own_work_s: list[float] = []
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
@@ -425,6 +428,12 @@ class Profiler:
             **environment.host_facts(),
         })
 
+    def _joined_group(self) -> bool:
+        """Whether the ranks joined a process group by now (seen at each step's end too): a loop may start the
+        Profiler before init_process_group, and destroy the group before it closes."""
+        self._grouped = self._grouped or initialized()
+        return self._grouped
+
     def rewrite_meta(self) -> None:
         """Collectors call this when they learn run-level facts after start (e.g. sequence length)."""
         self._write_meta(status="running")
@@ -438,7 +447,7 @@ class Profiler:
             "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION,
             "run_id": self.run_id, "name": self.name, "status": status,
             "start_unix_s": self._start_unix_s, "end_unix_s": end_unix_s,
-            "world_size": self.ranks.world_size, "process_group": self.ranks.process_group,
+            "world_size": self.ranks.world_size, "process_group": self._joined_group(),
             "versions": environment.versions(facts.pop("driver", None)),
             "devices": [environment.device_facts(self.device)],
             "model": self.model_info.facts(), "config": self.config,
