@@ -32,6 +32,14 @@ def batch(step: int, micro: int = 0, rank: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
 
 
+def optimizer_step(model, optimizer, step: int) -> None:
+    """One plain fp32 training step on step `step`'s batch."""
+    inputs = batch(step)
+    model(input_ids=inputs, labels=inputs).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_at=None, scheduler=False,
           sleep_s=0.0, ddp=False, clip="all", **profile_options) -> dict:
     """Trains `steps` optimizer steps; profiled into `run_dir` when given, bare otherwise.

@@ -8,7 +8,7 @@ import copy
 import io
 
 import torch
-from capture_loop import batch, tiny_model
+from capture_loop import batch, optimizer_step, tiny_model
 
 import gpuprof
 
@@ -32,10 +32,7 @@ def test_the_saved_and_the_copied_model_carry_the_loops_hooks_and_none_of_gpupro
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer) as prof:
         for step in range(STEPS):
-            inputs = batch(step)
-            model(input_ids=inputs, labels=inputs).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            optimizer_step(model, optimizer, step)
             if step == SAVED_AT:
                 hooked = hook_names(model)
                 saved = io.BytesIO()

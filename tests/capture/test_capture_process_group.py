@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-from capture_loop import batch, tiny_model
+from capture_loop import optimizer_step, tiny_model
 
 import gpuprof
 
@@ -19,10 +19,7 @@ def train_two_steps(run_dir, *, group_file=None) -> dict:
         if group_file is not None:
             torch.distributed.init_process_group("gloo", init_method=f"file://{group_file}", rank=0, world_size=1)
         for step in range(2):
-            inputs = batch(step)
-            model(input_ids=inputs, labels=inputs).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            optimizer_step(model, optimizer, step)
             prof.step()
         if group_file is not None:
             torch.distributed.destroy_process_group()
