@@ -20,18 +20,15 @@ class RankInfo:
     rank: int
     local_rank: int
     world_size: int
-    process_group: bool  # whether the ranks joined a torch.distributed process group: without one they never wait for each other
 
 
 def rank_info() -> RankInfo:
     """From an initialized torch.distributed group, else torchrun's environment, else a single process."""
-    grouped = initialized()
-    if grouped:
+    if initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     else:
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    return RankInfo(rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", rank)), world_size=world,
-                    process_group=grouped)
+    return RankInfo(rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", rank)), world_size=world)
 
 
 def _version(package: str) -> str | None:

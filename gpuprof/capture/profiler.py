@@ -129,7 +129,7 @@ class Profiler:
         )
         self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
         self.ranks = environment.rank_info()
-        self._grouped = self.ranks.process_group
+        self._grouped = False  # sticky: see _joined_group
         self.device = environment.resolve_device(self.model)
         self.clock = clock_for(self.device)
         self.model_info = ModelInfo(self.model, flops_per_token, self.config)
@@ -353,7 +353,7 @@ class Profiler:
 
     def _end_step(self, loss, tokens, batch=None) -> None:
         end = self.clock.stamp()
-        self._grouped = self._grouped or initialized()  # a group made after start, perhaps gone by close
+        self._joined_group()
         own_work_started = time.perf_counter()
         own_work_s: list[float] = []
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
@@ -429,8 +429,8 @@ class Profiler:
         })
 
     def _joined_group(self) -> bool:
-        """Whether the ranks joined a process group by now (seen at each step's end too): a loop may start the
-        Profiler before init_process_group, and destroy the group before it closes."""
+        """Whether the ranks joined a process group by now (asked at each meta write and step end): a loop may start
+        the Profiler before init_process_group, and destroy the group before it closes."""
         self._grouped = self._grouped or initialized()
         return self._grouped
 

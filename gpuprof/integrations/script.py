@@ -250,10 +250,7 @@ class ScriptRecorder:
         self._candidates, self._members = [optimizer], [optimizer]
         if self._scaler is not None:
             self._end_steps_at_scaler_updates()
-        self._stop_discovery()
-        self._start_recording()
-        self.prof.join_at_backward(self._forward.stamp)
-        self._step0_began_early = True
+        self._record_from_this_iteration()
 
     def _start_without_optimizer(self) -> None:
         """At a second backward() with no optimizer step since the first and the gradients of the first
@@ -270,11 +267,15 @@ class ScriptRecorder:
         self._first_losses.take()  # the first iteration's, before recording
         self.options["config"]["first_iteration"] = ("not recorded: recording starts at the second iteration's "
                                                      "backward(), where a loop stepping no optimizer is told apart")
+        self._record_from_this_iteration()
+        self._iterations = _IterationStarts(model, self._guarded(self._end_step))
+
+    def _record_from_this_iteration(self) -> None:
+        """Recording starts inside this iteration's backward(); step 0 began at the iteration's first training call."""
         self._stop_discovery()
         self._start_recording()
         self.prof.join_at_backward(self._forward.stamp)
         self._step0_began_early = True
-        self._iterations = _IterationStarts(model, self._guarded(self._end_step))
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         self._first_losses.stop()  # recording starts at the end of this iteration, if at all

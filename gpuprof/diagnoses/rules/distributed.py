@@ -138,15 +138,10 @@ def waiting_sites(ctx, late_rank: int, steps: pd.Index) -> list[str]:
     `backward` at DDP's); [] without stack samples of it."""
     table = ctx.summary.per_rank.set_index("rank")
     waiting = next((rank for rank in table.index if rank != late_rank), None)
-    if waiting is None:
+    if waiting is None or late_rank not in table.index:
         return []
-    more = {phase: float(table.at[waiting, column] - table.at[late_rank, column])
-            for phase in SPLIT_PHASES if pd.notna(table.at[waiting, column := f"{phase}_time_p50_s"])
-            and pd.notna(table.at[late_rank, column])}
-    phase = max(more, key=more.get, default=None)
-    if phase is None or more[phase] <= 0:
-        return []
-    return list(named_sites(sample_sites(ctx.run.query, int(waiting), steps, phase)).index)
+    phase, _ = phase_beyond(table, waiting, table.loc[late_rank], SPLIT_PHASES)
+    return [] if phase is None else list(named_sites(sample_sites(ctx.run.query, int(waiting), steps, phase)).index)
 
 
 def slower_phase(per_rank, rank: int) -> tuple[str | None, float | None]:
@@ -155,9 +150,14 @@ def slower_phase(per_rank, rank: int) -> tuple[str | None, float | None]:
     table = per_rank.set_index("rank")
     if rank not in table.index or len(table) < 2:
         return None, None
-    excess = {phase: float(table.at[rank, column] - table.drop(rank)[column].median())
-              for phase in OWN_WORK_PHASES if (column := f"{phase}_time_p50_s") in table
-              and pd.notna(table.at[rank, column])}
+    return phase_beyond(table, rank, table.drop(rank).median(numeric_only=True), OWN_WORK_PHASES)
+
+
+def phase_beyond(table: pd.DataFrame, rank: int, reference: pd.Series, phases) -> tuple[str | None, float | None]:
+    """Of `phases`, the one in which `rank`'s median time (its row of the per-rank `table`) exceeds `reference`
+    (column -> seconds) the most, and by how much; (None, None) when it exceeds it in none."""
+    excess = {phase: float(table.at[rank, column] - reference[column]) for phase in phases
+              if pd.notna(table.at[rank, column := f"{phase}_time_p50_s"]) and pd.notna(reference.get(column))}
     phase = max(excess, key=excess.get, default=None)
     return (phase, excess[phase]) if phase is not None and excess[phase] > 0 else (None, None)
 
