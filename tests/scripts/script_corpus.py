@@ -1,10 +1,9 @@
 """Real public training scripts, written elsewhere, run unmodified under `gpuprof run`.
 
-The scripts are not copied into this repository: each is read at test time, byte for byte, from a
-git copy of its public repository at a pinned commit (its SHA-256 checked), with its licence
-file beside it, into the test's own folder. Where no copy is found the tests using it skip.
-Copies are looked up under $GPUPROF_SCRIPT_CORPUS (default /work/.mirror) as
-`<owner>+<name>/repo` (a bare mirror) or `<owner>+<name>` (a clone). See README.md beside this file.
+The scripts are not copied into this repository: each is read at test time, byte for byte, from the
+script cache outside it (corpus_cache.py: pinned in corpus_pins.tsv with their SHA-256, filled by
+`python scripts/get_corpus.py`), with its licence file beside it, into the test's own folder. A pinned
+script missing from the cache fails its tests. See README.md beside this file.
 
 Harness API (for any test folder: `from script_corpus import ...`):
 
@@ -47,7 +46,6 @@ that it finished and recorded `steps` steps with finite gradient norms, and retu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -59,6 +57,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from corpus_cache import HOW_TO_FILL, LICENCE_PATH, cache_root, licensed, pins, read_pinned
 from numerics.numerics_helpers import events
 from processes import torchrun
 
@@ -66,7 +65,6 @@ import gpuprof
 
 HERE = Path(__file__).parent
 RUNNER = HERE / "corpus_runner.py"
-DEFAULT_CORPUS = "/work/.mirror"
 TIMEOUT_S = 600  # a loaded 2-core machine; the runs themselves take seconds
 
 
@@ -74,44 +72,41 @@ TIMEOUT_S = 600  # a loaded 2-core machine; the runs themselves take seconds
 class Source:
     repo: str  # owner/name on GitHub
     commit: str
-    files: dict[str, str]  # path in the repository -> SHA-256 of its content at `commit`
-    licence: str  # the licence's name; its file is LICENSE at `commit`
+    files: tuple[str, ...]  # paths in the repository, each pinned with its SHA-256 in corpus_pins.tsv
     entry: str  # the script `gpuprof run` runs, one of `files`
     packages: tuple[str, ...] = ()  # folders the script imports as packages: kept as they are, beside it
 
 
+EXAMPLES = ("pytorch/examples", "77f55b912142e11fcfdf5b530231fb9c52f181e8")
 SOURCES = {
-    "nanogpt": Source(
-        repo="karpathy/nanoGPT", commit="3adf61e154c3fe3fca428ad6bc3818b27a3b8291", licence="MIT",
-        files={"train.py": "413bd97b40bb400a2a0d01230e2946f056c263ebac1b7281c2367d964a123085",
-               "model.py": "7c01703240dbec5d554527dc666e35b3df8391d0b117fddc07afcf325a21d11c",
-               "configurator.py": "5cc23aca26b4ab3c0d9e5f82740f4781f9444f42718c15abcee70d93c5aabe8f"},
-        entry="train.py"),
+    "nanogpt": Source("karpathy/nanoGPT", "3adf61e154c3fe3fca428ad6bc3818b27a3b8291",
+                      ("train.py", "model.py", "configurator.py"), entry="train.py"),
     "accelerate_clm": Source(
-        repo="huggingface/accelerate", commit="16cb6eb80dd9aa8b4df1a63ef57863e455d53b83", licence="Apache-2.0",
-        files={"examples/by_feature/gradient_accumulation_for_autoregressive_models.py":
-               "61a8680c477a1f015ffb69c4d4169b50208449aea159eb97bddf1ea97ed08133"},
+        "huggingface/accelerate", "16cb6eb80dd9aa8b4df1a63ef57863e455d53b83",
+        ("examples/by_feature/gradient_accumulation_for_autoregressive_models.py",),
         entry="examples/by_feature/gradient_accumulation_for_autoregressive_models.py"),
     "lightning_transformer": Source(
-        repo="Lightning-AI/pytorch-lightning", commit="7f0c3436cd3f6ad3753125672024fc415cbcb414",
-        licence="Apache-2.0",
-        files={"examples/pytorch/basics/transformer.py":
-               "417e7ceb2e0611d7656ea6ea72927c18a04dcf4fda824e3baca2645a9e464367"},
-        entry="examples/pytorch/basics/transformer.py"),
+        "Lightning-AI/pytorch-lightning", "7f0c3436cd3f6ad3753125672024fc415cbcb414",
+        ("examples/pytorch/basics/transformer.py",), entry="examples/pytorch/basics/transformer.py"),
     "word_language_model": Source(
-        repo="pytorch/examples", commit="77f55b912142e11fcfdf5b530231fb9c52f181e8", licence="BSD-3-Clause",
-        files={"word_language_model/main.py": "391de12bb7c6e07dbb105d47d017632bf80c01d2e5b25adbf83da9cdcdd5a862",
-               "word_language_model/data.py": "15784815a6bd18e9b25eadf6ae049915f88d4fb8faebeba9d83ae6ec8e19883d",
-               "word_language_model/model.py": "e4451a33e9b16953004bc639d736d14f42a2b21f2939ccabe4cff10d3c40b74c"},
+        *EXAMPLES, ("word_language_model/main.py", "word_language_model/data.py", "word_language_model/model.py"),
         entry="word_language_model/main.py"),
     "mingpt": Source(
-        repo="karpathy/minGPT", commit="37baab71b9abea1b76ab957409a1cc2fbfba8a26", licence="MIT",
-        files={"projects/chargpt/chargpt.py": "93ee65b43dc65a0ee86ffbc8860f7e9563c2b358775c30a06948f6c847f4f327",
-               "mingpt/__init__.py": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-               "mingpt/model.py": "3586d4a957722864f7a790689a094478d3ee0b7de34d7456cb635923e4779576",
-               "mingpt/trainer.py": "7e28e58add6f998e7f2ccf3684a4a22a071ababd484a0f59030349dad4d36878",
-               "mingpt/utils.py": "243dd4f91c68ea45421bcd4a82fa7fe9e0ee01bf90d52b5feefdb777db6e0568"},
+        "karpathy/minGPT", "37baab71b9abea1b76ab957409a1cc2fbfba8a26",
+        ("projects/chargpt/chargpt.py", "mingpt/__init__.py", "mingpt/model.py", "mingpt/trainer.py",
+         "mingpt/utils.py"),
         entry="projects/chargpt/chargpt.py", packages=("mingpt",)),
+    "build_nanogpt": Source(  # no licence file: read from a git copy only
+        "karpathy/build-nanogpt", "6104ab1b53920f6e2159749676073ff7d815c1fa", ("train_gpt2.py", "hellaswag.py"),
+        entry="train_gpt2.py"),
+    "fsdp2_example": Source(
+        *EXAMPLES, ("distributed/FSDP2/example.py", "distributed/FSDP2/model.py", "distributed/FSDP2/checkpoint.py",
+                    "distributed/FSDP2/utils.py"),
+        entry="distributed/FSDP2/example.py"),
+    "ddp_tutorial": Source(
+        *EXAMPLES, ("distributed/ddp-tutorial-series/multigpu_torchrun.py",
+                    "distributed/ddp-tutorial-series/datautils.py"),
+        entry="distributed/ddp-tutorial-series/multigpu_torchrun.py"),
 }
 
 NANOGPT_VOCAB = 64
@@ -143,19 +138,13 @@ class ScriptRun:
     run: Any = field(default=None)  # gpuprof.Run
 
 
-def corpus_root() -> Path:
-    return Path(os.environ.get("GPUPROF_SCRIPT_CORPUS", DEFAULT_CORPUS))
-
-
 def materialize(name: str, workdir: Path) -> Path:
-    """The source's files, unmodified, and its LICENSE under `workdir`; the entry script's path.
-    Skips the test when no copy of the repository (at the pinned commit) is found."""
+    """The source's files, unmodified, and its LICENSE under `workdir`, read from the script cache
+    (corpus_cache.py); the entry script's path. A pinned file missing from the cache fails the test, or skips it
+    for a repository taken from a git copy only (no licence pinned)."""
     source = SOURCES[name]
-    git_dir = _repository(source)
-    for path, sha256 in {**source.files, "LICENSE": None}.items():
-        content = _show(git_dir, source.commit, path)
-        if sha256 is not None and hashlib.sha256(content).hexdigest() != sha256:
-            pytest.fail(f"{source.repo}@{source.commit}:{path} is not the file pinned here")
+    for path in (*source.files, *((LICENCE_PATH,) if licensed(source.repo) else ())):
+        content = _cached(source, path)
         kept = any(Path(path).is_relative_to(package) for package in source.packages)
         target = workdir / (path if kept else Path(path).name)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -322,19 +311,12 @@ def _patch_spec(patch) -> list:
     return [target, kwargs]
 
 
-def _repository(source: Source) -> Path:
-    folder = source.repo.replace("/", "+")
-    for candidate in (corpus_root() / folder / "repo", corpus_root() / folder):
-        if candidate.is_dir() and _has_commit(candidate, source.commit):
-            return candidate
-    pytest.skip(f"no copy of {source.repo} at {source.commit[:12]} under {corpus_root()} (GPUPROF_SCRIPT_CORPUS)")
-
-
-def _has_commit(git_dir: Path, commit: str) -> bool:
-    return subprocess.run(["git", "-C", str(git_dir), "cat-file", "-e", f"{commit}^{{commit}}"],
-                          capture_output=True).returncode == 0
-
-
-def _show(git_dir: Path, commit: str, path: str) -> bytes:
-    return subprocess.run(["git", "-C", str(git_dir), "show", f"{commit}:{path}"], capture_output=True,
-                          check=True).stdout
+def _cached(source: Source, path: str) -> bytes:
+    [pin] = [pin for pin in pins() if (pin.repository, pin.commit, pin.path) == (source.repo, source.commit, path)]
+    content = read_pinned(pin)
+    if content is not None:
+        return content
+    where = f"{pin.label} is not in the script cache {cache_root()}"
+    if not licensed(source.repo):
+        pytest.skip(f"{where}: it is read from a git copy only; get it with {HOW_TO_FILL}")
+    pytest.fail(f"{where}; get it with {HOW_TO_FILL}", pytrace=False)
