@@ -1,5 +1,5 @@
 """What the hang watchdog costs: the training thread's share per step, the watchdog thread's per beat,
-and the DDP arrival hook's per gradient bucket.
+and the DDP arrival hooks' per backward.
 
 In one process with a 1-rank gloo group (so the collective count and the Flight Recorder are read
 as under torchrun), a real gpuprof.profile on a tiny model:
@@ -9,8 +9,8 @@ as under torchrun), a real gpuprof.profile on a tiny model:
                   process group's last enqueued and completed collective read from the Flight
                   Recorder, which holds --collectives entries), timed over many calls; it runs every 5 s
   hang read       the Flight Recorder's entries read, as a hang event does once
-  comm hook       DDP's all-reduce of one bucket through gpuprof's comm hook against DDP without it
-                  (the same all-reduce; the hook adds a timestamp and a Python call), per bucket
+  arrival hooks   DDP's backward of one bucket with gpuprof's gradient hooks on that bucket's parameters
+                  (a Python call per parameter, a timestamp per bucket) against DDP without them
 
     .venv/bin/python benchmarks/watchdog_cost.py [--calls 200000] [--beats 200] [--collectives 2000]
 """
@@ -39,13 +39,18 @@ def per_call_us(function, calls: int) -> float:
 
 
 def ddp_backward_us(ddp: bool, hooked: bool, repeats: int) -> float:
-    """Median time of one backward (one bucket: a small model) of a DDP model, with or without the hook."""
+    """Median time of one backward (one bucket: a small model) of a DDP model, with or without the hooks."""
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256), bucket_cap_mb=25)
     if hooked:
+        from types import SimpleNamespace
+
+        from gpuprof.capture.collector import CollectorSet
         from gpuprof.capture.distributed import DdpCollector
 
-        DdpCollector(model).on_start(None)
+        collector, host = DdpCollector(model), SimpleNamespace(collectors=CollectorSet(print), bookkeeping=False)
+        host.collectors.add(collector)
+        collector.on_start(host)
     inputs = torch.randn(8, 256)
     times = []
     for _ in range(repeats):
@@ -78,7 +83,7 @@ def main() -> None:
     print(f"on_step_start (training thread, per step): {step_us:.2f} us")
     print(f"one heartbeat (watchdog thread, every 5 s), {args.collectives} Flight Recorder entries: {beat_us / 1000:.2f} ms")
     print(f"the Flight Recorder's {args.collectives} entries read (once per hang event): {read_us / 1000:.0f} ms")
-    print(f"DDP backward of one bucket, median of {args.repeats}: {bare_us:.0f} us without gpuprof's comm hook, "
+    print(f"DDP backward of one bucket, median of {args.repeats}: {bare_us:.0f} us without gpuprof's arrival hooks, "
           f"{hooked_us:.0f} us with it ({hooked_us - bare_us:+.0f} us)")
 
 

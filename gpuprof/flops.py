@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from gpuprof.modules import materialized
+
 
 @dataclass(frozen=True)
 class TransformerShape:
@@ -58,9 +60,10 @@ def transformer_shape(model: torch.nn.Module, seq_len: int | None = None) -> Tra
     n_layers = _config_value(config, "n_layer", "num_hidden_layers", "num_layers")
     n_heads = _config_value(config, "n_head", "num_attention_heads")
     d_model = _config_value(config, "n_embd", "hidden_size", "d_model")
-    if not (n_layers and n_heads and d_model):
+    params = materialized(model.parameters())
+    if not (n_layers and n_heads and d_model) or params is None:
         return None
-    n_params = sum(p.numel() for p in model.parameters()) - _position_embedding_params(model)
+    n_params = sum(p.numel() for p in params) - _position_embedding_params(model)
     return TransformerShape(n_params, n_layers, n_heads, d_model, seq_len)
 
 

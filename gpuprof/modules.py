@@ -38,6 +38,13 @@ def called_under_compile() -> bool:
     return False
 
 
+def materialized(params) -> list[torch.nn.Parameter] | None:
+    """The parameters as a list, or None while one is a lazy module's, not yet materialized by its first
+    forward (`nn.LazyLinear`): such a parameter has no shape, and any use of it raises."""
+    params = list(params)
+    return None if any(torch.nn.parameter.is_lazy(param) for param in params) else params
+
+
 def initialized() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
@@ -64,3 +71,25 @@ def local_tensor(tensor: torch.Tensor | None) -> torch.Tensor | None:
 def is_sharded(model: torch.nn.Module | None) -> bool:
     """Whether the model's parameters are DTensors (FSDP2, tensor parallelism) on an initialized group."""
     return model is not None and initialized() and any(is_dtensor(p) for p in model.parameters())
+
+
+def named_parameters(model: torch.nn.Module):
+    """model.named_parameters(), with each FSDP2 parameter as its sharded DTensor: between its all-gather and
+    its reshard (the root's from its forward to the end of its backward) FSDP2 registers the gathered, unsharded
+    tensor on the module instead, whose memory it frees at the reshard."""
+    sharded = _sharded_of_unsharded(model)
+    for name, param in model.named_parameters():
+        yield name, sharded.get(id(param), param)
+
+
+def _sharded_of_unsharded(model: torch.nn.Module) -> dict[int, torch.nn.Parameter]:
+    """id of each FSDP2 unsharded parameter of the model's units -> its sharded parameter."""
+    found = {}
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None)
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                found[id(unsharded)] = fsdp_param.sharded_param
+    return found

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from gpuprof.modules import named_parameters
+
 
 def inner_optimizer(optimizer: Any) -> Any:
     """The torch optimizer inside a wrapper such as Accelerate's, whose own step() runs no hooks."""
@@ -51,7 +53,7 @@ def params_of(optimizer: Any) -> list[torch.Tensor]:
 def params_without_optimizer(model: torch.nn.Module, optimizer: Any) -> list[str]:
     """The names of the model's trainable parameters that none of the optimizers given updates."""
     held = {id(param) for param in params_of(optimizer)}
-    return [name for name, param in model.named_parameters() if param.requires_grad and id(param) not in held]
+    return [name for name, param in named_parameters(model) if param.requires_grad and id(param) not in held]
 
 
 def has_step_hooks(optimizer: Any) -> bool:

@@ -37,9 +37,10 @@ class BackwardWatcher:
         self._is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) or initialized()
 
     def attach(self) -> None:
-        """A hook on every trainable parameter, narrowed again after the next pass."""
+        """A hook on every trainable parameter, narrowed again after the next pass (a lazy module's once its first
+        forward made it: the step's end attaches again when a pass went unseen)."""
         for param in self._model.parameters():
-            if param.requires_grad and param not in self._handles:
+            if param.requires_grad and param not in self._handles and not torch.nn.parameter.is_lazy(param):
                 self._handles[param] = param.register_post_accumulate_grad_hook(self._on_grad)
         self._fired = []
 

@@ -165,7 +165,10 @@ class CollectorSet:
 
 
 SHARED_EVENTS = {
-    "forward_pre": lambda module, run: module_hooks.register(module, "forward_pre", run, with_kwargs=True),
+    # first among the module's own pre-hooks: FSDP2's gathers the root's parameters (waiting for every rank) in
+    # one, which is the forward's time, not the data's before it
+    "forward_pre": lambda module, run: module_hooks.register(module, "forward_pre", run, with_kwargs=True,
+                                                             prepend=True),
     "step_pre": lambda optimizer, run: optimizer.register_step_pre_hook(run),
     "step_post": lambda optimizer, run: optimizer.register_step_post_hook(run),
 }

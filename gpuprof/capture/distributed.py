@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gpuprof import module_hooks
 from gpuprof.modules import initialized, local_tensor
 
 # The collectives a loop calls itself, looked up on torch.distributed at each call (Accelerate's gather, broadcast
@@ -141,19 +142,26 @@ class DdpCollector:
     The arrivals (`collective_arrivals_unix_s`: the first MAX_ARRIVALS of the step, in order) are the wall
     clock each time the step calls a collective on the host: a `torch.distributed` collective of the loop's
     own (a loss all-reduced for logging, `accelerator.gather` before the forward; wrapped while the run
-    records), and DDP handing its first gradient bucket to the communication hook gpuprof registers: the
-    same all-reduce DDP makes without one (each gradient scaled by 1/world size the way DDP's own reducer
-    does it, so the numbers do not change). Timestamps on the host, no sync. Every rank makes the same
-    collectives in the same order, so at each the rank arriving last is the one the others wait for there.
-    A loop that registered its own comm hook keeps it, and records arrivals only at its own collectives."""
+    records), and DDP launching the all-reduce of its first gradient bucket. That launch is observed, not
+    made: a hook on the gradient of each parameter of DDP's first bucket (`register_post_accumulate_grad_hook`,
+    run just before DDP's own hook for that parameter) notes when the bucket's last one is ready, the moment
+    DDP hands the bucket to its reduction. DDP's reduction and its one comm hook stay the loop's, and nothing
+    of gpuprof stays on the model after close. Timestamps on the host, no sync. Every rank makes the same
+    collectives in the same order, so at each the rank arriving last is the one the others wait for there."""
 
     name = "ddp"
 
     def __init__(self, model: torch.nn.parallel.DistributedDataParallel):
         self._model = model
         self.arrivals_unix_s: list[float] = []  # this step's
-        self._hooked = False
+        self._bucket: list[torch.nn.Parameter] = []  # DDP's first bucket, as DDP last said it is
+        self._bucket_layout = None  # what DDP's logging data said it from
+        self._rebuilt = False  # ... after DDP rebuilt its buckets
+        self._ready: set[int] = set()  # ids of the first bucket's parameters with their gradient this backward
+        self._syncing = True  # the last forward prepared DDP's reduction (not under no_sync())
         self._bucket_arrived = False
+        self._handles: list = []
+        self._forward_hooks: list = []
         self._wrapped: dict[str, Any] = {}
         self._prof = None
 
@@ -164,9 +172,10 @@ class DdpCollector:
 
     def on_start(self, prof) -> None:
         self._prof = prof
-        if not getattr(self._model, "_comm_hooks", None):
-            self._model.register_comm_hook(self._model.process_group, self._all_reduce)
-            self._hooked = True
+        self._forward_hooks = [
+            prof.collectors.hook(self, self._model, "forward_pre", self._forward_begins),
+            module_hooks.register(self._model, "forward", prof.collectors.guard(self, "forward", self._forward_ended))]
+        self._watch_first_bucket(self._model._get_ddp_logging_data())
         for name in LOOP_COLLECTIVES:
             original = getattr(torch.distributed, name, None)
             if original is not None:
@@ -177,12 +186,16 @@ class DdpCollector:
         for name, original in self._wrapped.items():
             setattr(torch.distributed, name, original)
         self._wrapped.clear()
+        self._unhook_bucket()
+        for handle in self._forward_hooks:
+            handle.remove()
+        self._forward_hooks = []
 
     def _arriving(self, collective):
         @functools.wraps(collective)
         def arriving(*args, **kwargs):
             # traced by torch.compile, only the collective: dynamo maps it to its functional collective
-            if not torch.compiler.is_compiling() and not self._prof.bookkeeping:
+            if not torch.compiler.is_compiling() and not self._prof.bookkeeping and not _in_backward():
                 self._arrive()
             return collective(*args, **kwargs)
 
@@ -193,7 +206,7 @@ class DdpCollector:
             self.arrivals_unix_s.append(time.time())
 
     def meta(self, prof) -> dict:
-        return {"distributed": {**distributed_facts(), "arrivals": self._hooked}}
+        return {"distributed": {**distributed_facts(), "arrivals": bool(self._bucket)}}
 
     def on_step_end(self, prof, state) -> dict:
         logging_data = self._model._get_ddp_logging_data()
@@ -201,18 +214,74 @@ class DdpCollector:
                    for key, column in _DDP_TIMES_NS.items()}
         columns["collective_arrivals_unix_s"], self.arrivals_unix_s = self.arrivals_unix_s or None, []
         self._bucket_arrived = False
+        self._ready.clear()
+        self._watch_first_bucket(logging_data)
         return columns
 
-    def _all_reduce(self, group, bucket):  # no annotations: DDP rejects postponed ones
-        if not self._bucket_arrived:  # DDP's first bucket of the step; its all_reduce below is no arrival of the loop's
+    def _forward_begins(self, module, args, kwargs) -> None:
+        # DDP prepares its reduction in the forward: a backward after a forward under no_sync() reduces nothing
+        self._syncing = torch.is_grad_enabled() and self._model.require_backward_grad_sync
+
+    def _forward_ended(self, module, args, output) -> None:
+        # DDP rebuilds its buckets in the second iteration's forward, and tells how in its logging data from the
+        # third's on: read right after that forward, the third step's arrival is at the rebuilt first bucket already
+        if not self._rebuilt and getattr(self._model, "_has_rebuilt_buckets", False):
+            self._watch_first_bucket(self._model._get_ddp_logging_data())
+
+    def _watch_first_bucket(self, logging_data: dict) -> None:
+        """Hooks the parameters of DDP's first bucket: as built, then as rebuilt after the first iteration
+        (in the order gradients became ready)."""
+        rebuilt = logging_data.get("rebuilt_per_bucket_param_indices")
+        layout = rebuilt or logging_data.get("bucket_sizes")
+        if layout == self._bucket_layout:
+            return
+        self._bucket_layout, self._rebuilt = layout, bool(rebuilt)
+        self._unhook_bucket()
+        self._ready.clear()
+        self._bucket = first_bucket(self._model, logging_data)
+        guarded = self._prof.collectors.guard(self, "gradient_ready", self._gradient_ready)
+        self._handles = [param.register_post_accumulate_grad_hook(guarded) for param in self._bucket]
+
+    def _unhook_bucket(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _gradient_ready(self, param) -> None:
+        if self._bucket_arrived or not self._syncing:
+            return
+        self._ready.add(id(param))
+        if len(self._ready) == len(self._bucket):  # DDP launches the bucket's all-reduce right after this
             self._bucket_arrived = True
+            self._ready.clear()
             self._arrive()
-        buffer = bucket.buffer()
-        world_size = group.size()
-        # as DDP's reducer without a hook: it divides gradients that are bucket views, multiplies copies
-        if self._model.gradient_as_bucket_view:
-            buffer.div_(world_size)
-        else:
-            buffer.mul_(1.0 / world_size)
-        work = self._wrapped.get("all_reduce", torch.distributed.all_reduce)(buffer, group=group, async_op=True)
-        return work.get_future().then(lambda future: future.value()[0])
+
+
+def _in_backward() -> bool:
+    """On a thread running a backward pass, where DDP calls its comm hook: a collective there is DDP's reduction."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def reducer_params(model: torch.nn.parallel.DistributedDataParallel) -> list[torch.nn.Parameter]:
+    """The parameters DDP's reducer indexes, in its order: those requiring gradients, not ignored, once each."""
+    ignored = getattr(model, "parameters_to_ignore", ())
+    return [param for name, param in model.module.named_parameters() if param.requires_grad and name not in ignored]
+
+
+def first_bucket(model: torch.nn.parallel.DistributedDataParallel, logging_data: dict) -> list[torch.nn.Parameter]:
+    """The parameters of DDP's first bucket (the first to be reduced), from its logging data: the rebuilt
+    buckets' parameter indices, else the built buckets' sizes. DDP builds them from the last parameters (the
+    first to get gradients, in the reverse of registration order), one dtype and device to a bucket."""
+    params = reducer_params(model)
+    rebuilt = logging_data.get("rebuilt_per_bucket_param_indices")
+    if rebuilt:
+        return [params[int(index)] for index in rebuilt.split(",")[0].split()]
+    sizes = str(logging_data.get("bucket_sizes", "")).split(",")
+    size = int(sizes[0]) if sizes[0].strip().isdigit() else 0
+    bucket, filled = [], 0
+    for param in reversed(params):
+        if bucket and (filled >= size or (param.dtype, param.device) != (bucket[0].dtype, bucket[0].device)):
+            break
+        bucket.append(param)
+        filled += param.numel() * param.element_size()
+    return bucket

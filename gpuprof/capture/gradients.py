@@ -45,7 +45,7 @@ from gpuprof.capture.distributed import ShardReduction
 from gpuprof.capture.pending import all_finite, read_if_host
 from gpuprof.capture.trace import own_work
 from gpuprof.blocks import block_groups, combined_norm
-from gpuprof.modules import is_sharded, local_tensor
+from gpuprof.modules import is_sharded, local_tensor, named_parameters
 from gpuprof.optimizers import members, params_of
 from gpuprof.run.schema import EventKind
 
@@ -87,7 +87,7 @@ class GradientCollector:
     name = "gradients"
 
     def __init__(self, model: torch.nn.Module, optimizer, scaler, layer_interval: int, update_ratio_interval: int):
-        named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+        named = [(name, param) for name, param in named_parameters(model) if param.requires_grad]
         self.names = [name for name, _ in named]
         self.params = [param for _, param in named]
         self._same_kind = len({(param.device, param.dtype) for param in self.params}) == 1  # so are their grads

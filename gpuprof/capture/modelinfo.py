@@ -13,15 +13,18 @@ import torch
 
 from gpuprof import flops, hardware
 from gpuprof.capture.phases import is_training_call
-from gpuprof.modules import called_under_compile, eager_model
+from gpuprof.modules import called_under_compile, eager_model, materialized
 
 _PRECISION_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                     "fp32": "fp32", "float32": "fp32", "tf32": "tf32", "fp8": "fp8"}
 
 
-def param_shapes_digest(model: torch.nn.Module) -> str:
+def param_shapes_digest(model: torch.nn.Module) -> str | None:
     """A digest of every parameter's name and (global, unsharded) shape: two runs train the same
-    architecture exactly when theirs agree (`gpuprof compare`'s contract)."""
+    architecture exactly when theirs agree (`gpuprof compare`'s contract); None before a lazy module's first
+    forward gave its parameters their shapes."""
+    if materialized(model.parameters()) is None:
+        return None
     shapes = "\n".join(f"{name}:{tuple(param.shape)}" for name, param in model.named_parameters())
     return hashlib.sha256(shapes.encode()).hexdigest()[:16]
 
@@ -57,11 +60,12 @@ class ModelInfo:
             return None
         inner = eager_model(self.model)
         shape = flops.transformer_shape(self.model, self.seq_len)
+        params = materialized(self.model.parameters())  # a lazy module's, counted once its forward made them
         return {
             "class": type(inner).__name__,
             # DataParallel / DistributedDataParallel / torch.compile, when the user profiles the wrapped model
             "wrapper": type(self.model).__name__ if inner is not self.model else None,
-            "n_params": sum(p.numel() for p in self.model.parameters()),
+            "n_params": sum(p.numel() for p in params) if params is not None else None,
             "param_shapes_digest": param_shapes_digest(inner),
             "n_layers": shape.n_layers if shape else None,
             "n_heads": shape.n_heads if shape else None,

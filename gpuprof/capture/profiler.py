@@ -41,6 +41,7 @@ from gpuprof.capture.stack_sampler import STACK_INTERVAL_S
 from gpuprof.capture.system import AUTO_INTERVAL
 from gpuprof.capture.timing import HostClock, PhaseTimes, clock_for
 from gpuprof.capture.trace import own_work
+from gpuprof.capture.usercode import raised_at
 from gpuprof.capture.watchdog import check_timeout
 from gpuprof.errors import GpuprofError
 from gpuprof.modules import initialized
@@ -162,30 +163,45 @@ class Profiler:
         self.close(error=exc)
 
     def start(self) -> "Profiler":
+        """Starts recording. Never raises into the loop: what fails here switches capture off (an event, or where
+        the run directory cannot be created, one warning line on stderr, says so)."""
         if self._started:
             return self
         self._started = True
-        try:
-            self.writer = RunWriter(self.run_dir, self.ranks.rank)
-        except OSError as error:
-            raise GpuprofError(f"cannot create run directory {self.run_dir}: {error}") from None
         self._start_unix_s = time.time()
-        for collector in [*builtin_collectors(self), *self._extra_collectors]:
-            self.collectors.add(collector)
-        self._joiners = [c for c in self.collectors if getattr(c, "has_step_collectives", False)]
+        self._guarded(self._start_recording)
+        return self
+
+    def _start_recording(self) -> None:
+        self._open()
+        if not self._active:
+            return
         self.collectors.call("on_start", self)
         self._losses.listen()
         if self._backward is not None:
-            self._guarded(self._backward.attach)
-        self._write_meta(status="running")
-        self._guarded(self._begin_step)
+            self._backward.attach()
+        self._write_meta("running")
+        self._begin_step()
         self._record_termination()
-        return self
+
+    def _open(self) -> None:
+        """The run directory, then the collectors. Without a directory capture is off, but the collectors with a
+        per-step collective still make it (see _join_step_collectives), as on the ranks that have one."""
+        try:
+            self.writer = RunWriter(self.run_dir, self.ranks.rank)
+        except OSError as error:
+            logger.warning("gpuprof: cannot create run directory %s (%s): nothing of this run is recorded",
+                           self.run_dir, error)
+        for collector in [*builtin_collectors(self), *self._extra_collectors]:
+            self.collectors.add(collector)
+        self._joiners = [c for c in self.collectors if getattr(c, "has_step_collectives", False)]
+        if self.writer is None:
+            self._switch_off()
 
     def close(self, status: str | None = None, error: BaseException | None = None) -> None:
         """Writes everything and the rank's status: `finished`, or `failed` when an exception is leaving
         the loop (`error`, or the one in flight when close() runs in a `finally`), which becomes a
-        `rank_failed` event with its traceback."""
+        `rank_failed` event with its traceback. Never raises into the loop."""
         if not self._started or self._closed:
             return
         self._closed = True
@@ -195,14 +211,16 @@ class Profiler:
         self.final_status = status or ("failed" if error is not None else "finished")
         if error is not None and self.final_status == "failed":
             self._record_failure(f"{type(error).__name__}: {error}",
-                                 "".join(traceback.format_exception(type(error), error, error.__traceback__)))
+                                 "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+                                 raised_at(error))
         self._guarded(self._drain, True)
-        self._losses.stop()
+        self._guarded(self._losses.stop)
         if self._backward is not None:
-            self._backward.detach()
+            self._guarded(self._backward.detach)
         self.collectors.close_all(self)
-        self._write_meta(status=self.final_status, end_unix_s=time.time())
-        self.writer.close()
+        if self.writer is not None:
+            self._guarded(self._write_meta, self.final_status, time.time())
+            self._guarded(self.writer.close)
         if self._sigterm_handler is not None and signal.getsignal(signal.SIGTERM) is self._sigterm_handler:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -213,11 +231,12 @@ class Profiler:
             return None
         return phases.open_phase() or self.phase_hooks.current
 
-    def _record_failure(self, error: str, traceback_text: str) -> None:
+    def _record_failure(self, error: str, traceback_text: str, raised_from: str | None = None) -> None:
+        """A `rank_failed` event; `raised_from`: the loop's own line an exception came from (none for a signal)."""
         with contextlib.suppress(Exception):
             self.event(schema.EventKind.RANK_FAILED, f"rank {self.ranks.rank} failed at step {self.step_index}: {error}",
                        severity="critical", step=self.step_index, error=error,
-                       traceback=traceback_text[-TRACEBACK_CHARS:])
+                       traceback=traceback_text[-TRACEBACK_CHARS:], raised_at=raised_from)
 
     def _record_termination(self) -> None:
         """On SIGTERM (torchrun stopping the other ranks when one failed) the rank still says where it
@@ -230,9 +249,9 @@ class Profiler:
             stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
 
             def record() -> None:  # on a thread: the signal may have come while the loop held a writer lock
-                self._record_failure("terminated by SIGTERM", stack)
+                self._record_failure(schema.TERMINATED_ERROR, stack)
                 self.writer.flush()
-                self._write_meta(status="failed", end_unix_s=time.time())
+                self._write_meta("failed", time.time())
 
             if self._active:
                 writer = threading.Thread(target=record, name="gpuprof-sigterm", daemon=True)
@@ -417,8 +436,8 @@ class Profiler:
         record["mfu"] = record["flops_per_s"] / peak if record["flops_per_s"] and peak else None
         record["loss_finite"] = all_finite(record["loss"])  # on the host: no device op per step
 
-    def _write_meta(self, **changes: Any) -> None:
-        meta = self._meta(**changes)
+    def _write_meta(self, status: str, end_unix_s: float | None = None) -> None:
+        meta = self._meta(status, end_unix_s)
         if self.ranks.rank == 0:
             self.writer.write_run_meta(meta)
         self.writer.write_rank_meta({
@@ -436,7 +455,7 @@ class Profiler:
 
     def rewrite_meta(self) -> None:
         """Collectors call this when they learn run-level facts after start (e.g. sequence length)."""
-        self._write_meta(status="running")
+        self._write_meta("running")
 
     def _meta(self, status: str, end_unix_s: float | None = None) -> dict[str, Any]:
         facts = dict(self._facts)  # a broken Profiler's collectors are gone: what they said stands
@@ -461,6 +480,9 @@ class Profiler:
         try:
             function(*args)
         except Exception as error:  # noqa: BLE001 - gpuprof must never stop the training loop
+            if self._broken:  # what fails after the first failure (closing) follows from it: said already
+                logger.debug("gpuprof: after capture was switched off: %r", error, exc_info=True)
+                return
             logger.warning("gpuprof: internal error, capture switched off for this run: %r", error, exc_info=True)
             with contextlib.suppress(Exception):
                 self.event(schema.EventKind.PROFILER_DISABLED, f"capture switched off: {error!r}", severity="warning",

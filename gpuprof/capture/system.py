@@ -180,6 +180,31 @@ class JobCpu:
         return [process for process in self._known.values() if process is not None]
 
 
+class LoopCpuWait:
+    """Of the time the training thread wanted a CPU between two readings, the share it waited for one, runnable but
+    not running, in percent: what other processes took from the loop itself (host_cpu_pct minus job_cpu_pct says
+    only what they used, and on a saturated host of few cores it cannot tell a loop that got half a core from one
+    that got a tenth). From Linux's schedstat of the thread (nanoseconds on a CPU, nanoseconds on a run queue);
+    None where the kernel keeps none, or where the thread wanted no CPU in the window (asleep throughout). Made on
+    the thread that starts the Profiler, the loop's."""
+
+    def __init__(self):
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self._last: tuple[int, int] | None = None
+
+    def pct(self) -> float | None:
+        try:
+            with open(self._path) as schedstat:
+                ran_ns, waited_ns = (int(field) for field in schedstat.read().split()[:2])
+        except (OSError, ValueError):  # not Linux, no schedstats, or the thread has ended
+            return None
+        last, self._last = self._last, (ran_ns, waited_ns)
+        if last is None:
+            return None
+        ran, waited = ran_ns - last[0], waited_ns - last[1]
+        return 100 * waited / (ran + waited) if ran + waited > 0 else None
+
+
 def _descendant_pids(root: int) -> list[int] | None:
     """Every descendant of `root`, from Linux's per-thread children lists (a few small reads, where psutil's
     listing reads the stat file of every process on the host); None where the kernel keeps no such lists."""
@@ -243,6 +268,7 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
         self._rss = RssReader()
         self._job_cpu = JobCpu()
+        self._loop_wait: LoopCpuWait | None = None
         self._prof = None
 
     @property
@@ -251,6 +277,7 @@ class SystemSampler:
 
     def on_start(self, prof) -> None:
         self._prof = prof
+        self._loop_wait = LoopCpuWait()
         if self.samples_system:
             self._start_system(prof)
         self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
@@ -302,6 +329,7 @@ class SystemSampler:
             # the first readings only start the measurement windows (psutil keeps cpu_percent's per thread)
             psutil.cpu_percent(interval=None)
             self._job_cpu.pct()
+            self._loop_wait.pct()
         now = time.monotonic()
         # the first system row soon, also in a short run
         next_system = now + min(self.interval_s, DEVICE_INTERVAL_S) if self.samples_system else float("inf")
@@ -345,6 +373,7 @@ class SystemSampler:
         row = {
             "time_unix_s": time.time(), "rank": self._prof.ranks.rank, "device_index": None,
             "host_cpu_pct": psutil.cpu_percent(interval=None), "job_cpu_pct": self._job_cpu.pct(),
+            "loop_cpu_wait_pct": self._loop_wait.pct(),
             "proc_rss_bytes": self.proc_rss_bytes,
             "host_mem_used_bytes": memory.total - memory.available, "host_mem_total_bytes": memory.total,
         }

@@ -18,6 +18,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import traceback
 import threading
 from types import CodeType, FrameType
 
@@ -44,6 +45,15 @@ def is_user_file(filename: str) -> bool:
     if path.startswith(_WORKLOADS_DIR):
         return True
     return not path.startswith(_LIBRARY_DIRS) and not any(marker in path for marker in _PACKAGE_MARKERS)
+
+
+def raised_at(error: BaseException) -> str | None:
+    """The user's own line an exception was raised from, "function (file:line)": the innermost frame of user
+    code in its traceback (a library's frames below it are how, not where); None without one."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if is_user_file(frame.filename)]
+    if not frames:
+        return None
+    return f"{frames[-1].name} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
 
 
 def is_user_code(code: CodeType) -> bool:

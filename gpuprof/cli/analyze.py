@@ -13,7 +13,7 @@ def add_parser(subparsers) -> None:
         help="summarize a run and diagnose what slows it down or breaks its numerics",
         description="Say what bounds a run's step (input, host/launch, compute, communication, memory or "
         "numerics) and why, summarize it (step time after warm-up, throughput, MFU, memory, phases, "
-        "health) and list its diagnoses, most severe first, each with evidence and a fix.",
+        "health) and list its diagnoses, worth the most first, each with evidence and a fix.",
     )
     parser.add_argument("run_dir", metavar="RUN", help="a run directory written by gpuprof")
     add_json_flag(parser)
@@ -32,6 +32,6 @@ def run(args: argparse.Namespace) -> int:
     summary, findings = report.summary, report.findings
     lines = [*run_report.verdict_lines(report.verdict), *run_report.stopped_lines(report), *run_report.summary_lines(summary),
              *run_report.hotspot_lines(report.hotspots), *run_report.per_rank_lines(summary)]
-    lines.append(f"Findings ({len(findings)}), most severe first:" if findings else "No findings.")
+    lines.append(f"Findings ({len(findings)}), worth the most first:" if findings else "No findings.")
     print("\n".join(lines + run_report.finding_lines(findings)))
     return 0

@@ -28,6 +28,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="stop the script, as finished, once N steps are recorded")
     parser.add_argument("--sample-interval", type=seconds, default=None, metavar="S", help=SAMPLE_INTERVAL_HELP)
+    parser.add_argument("--hang-timeout-s", type=seconds, default=None, metavar="S",
+                        help="write a `hang` event when a rank's step has not advanced for S seconds (0: no hang "
+                        "watchdog; default: max(120 s, 20 x the median step))")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
     parser.set_defaults(func=run)
@@ -36,7 +39,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuprof.integrations.script import run_script
 
-    options = {} if args.sample_interval is None else {"sample_interval_s": args.sample_interval}
+    given = {"sample_interval_s": args.sample_interval, "hang_timeout_s": args.hang_timeout_s}
+    options = {name: value for name, value in given.items() if value is not None}
     return run_script(args.script, args.script_args, args.run_dir or default_run_dir(args.script), knobs=args.knob,
                       max_steps=args.max_steps, **options)
 

@@ -72,8 +72,9 @@ def summary_lines(summary) -> list[str]:
 def _evaluation_lines(evaluation: dict) -> list[str]:
     if not evaluation:
         return []
-    return [f"  evaluation  {evaluation['steps_with_eval']} step(s) evaluated, about every "
-            f"{figure(evaluation['every_steps'])} steps, {figure(evaluation['mean_s'], 's')} each, "
+    every = f"every {figure(evaluation['every_steps'])} steps, " if evaluation["every_steps"] is not None else ""
+    return [f"  evaluation  {evaluation['steps_with_eval']} step(s) evaluated, {every}"
+            f"{figure(evaluation['mean_s'], 's')} each, "
             f"{figure(evaluation['share_pct'], '%')} of the run's time (not in the phases above)"]
 
 

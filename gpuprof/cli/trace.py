@@ -86,7 +86,7 @@ def _print_report(report, diff, top: int) -> None:
     for line in verdict_lines(report.verdict):
         console.print(escape(line), highlight=False)
     findings = report.findings
-    console.print(f"Findings ({len(findings)}), most severe first:" if findings else "No findings.")
+    console.print(f"Findings ({len(findings)}), worth the most first:" if findings else "No findings.")
     for line in finding_lines(findings):
         console.print(escape(line), highlight=False)
     console.print()

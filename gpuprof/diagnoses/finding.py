@@ -22,6 +22,10 @@ CATEGORY_TITLES = {
 CATEGORIES = tuple(CATEGORY_TITLES)
 
 
+# An expected gain this small (percent of step time) is no reason to act.
+NEGLIGIBLE_GAIN_PCT = 1.0
+
+
 @dataclass(frozen=True)
 class Finding:
     """One diagnosis of a run.
@@ -46,10 +50,18 @@ class Finding:
             raise ValueError(f"category must be one of {CATEGORIES}, got {self.category!r}")
 
     @property
+    def worth_pct(self) -> float:
+        """What acting on it is expected to save, in percent of step time: its estimated gain, 0 when negligible
+        (at most NEGLIGIBLE_GAIN_PCT) or not estimated."""
+        gain = self.est_gain_pct
+        return gain if gain is not None and gain > NEGLIGIBLE_GAIN_PCT else 0.0
+
+    @property
     def sort_key(self) -> tuple:
-        """Most severe first, then largest expected gain, then rule id for a stable order."""
-        gain = self.est_gain_pct if self.est_gain_pct is not None else -1.0
-        return (SEVERITIES.index(self.severity), -gain, self.rule)
+        """What it is worth: critical first (a run that stopped or went non-finite), then the largest expected gain,
+        then severity, then rule id for a stable order."""
+        critical = self.severity == SEVERITIES[0]
+        return (not critical, -self.worth_pct, SEVERITIES.index(self.severity), self.rule)
 
     def to_dict(self) -> dict:
         data = asdict(self)

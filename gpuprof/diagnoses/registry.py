@@ -68,7 +68,7 @@ def all_rules() -> list[Rule]:
 
 
 def diagnose(run, *, strict: bool = False) -> list[Finding]:
-    """Every finding about `run`, most severe first, then by expected gain.
+    """Every finding about `run`, worth the most first (Finding.sort_key).
 
     A rule that fails on an unexpected run is skipped so one broken rule never hides the others,
     and said: a warning "gpuprof: rule X failed: ..."; `strict=True` (tests) raises instead.

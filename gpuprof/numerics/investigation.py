@@ -53,7 +53,9 @@ class Investigator:
     def _reenact(self, step: int, blame: Blame, history) -> Blame:
         if is_sharded(self.model):
             origin = self._gradients.nonfinite_origin(step) if self._gradients is not None else None
-            return _sharded_blame(blame, origin)
+            blame = _sharded_blame(blame, origin)
+            blame.cause = oversized_update(history, step)  # from this rank's shards, which an update grows too
+            return blame
         inputs = self._keeping.inputs_of(step)
         state = self._keeping.state_before(step)
         placement = self._keeping.placement_at(step)

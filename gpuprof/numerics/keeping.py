@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from gpuprof.modules import eager_model, local_tensor
+from gpuprof.modules import eager_model, local_tensor, named_parameters
 from gpuprof.numerics import budget, device_copy
 from gpuprof.numerics.device_keeper import ConditionalKeeper
 from gpuprof.numerics.state import (
@@ -315,7 +315,7 @@ class _WeightSample:
         return self._sample.abs_().max()  # NaN propagates; read with the step record
 
     def _new_sample(self) -> torch.Tensor | None:
-        weights = _local([p.detach() for p in self._model.parameters()])
+        weights = _local([p.detach() for _, p in named_parameters(self._model)])  # FSDP2's shards
         self._views = [w.view(-1)[:WEIGHT_SAMPLE] for w in weights
                        if w.device == self._device and w.is_floating_point() and w.is_contiguous()]
         return torch.cat(self._views) if self._views else None

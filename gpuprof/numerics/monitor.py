@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from gpuprof.modules import eager_model
+from gpuprof.modules import eager_model, materialized
 from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
 from gpuprof.numerics.investigation import Investigator
@@ -71,6 +71,7 @@ class NumericsMonitor:
                                           self.options.spike_window)
         self._layers: LayerGradients | None = None
         self._begun_at_phase = False  # the step's keeping began at prof.phase("forward"), not at a model call
+        self._lazy = materialized(model.parameters()) is None  # a lazy module's parameters exist after its forward
         self._overflow = _OverflowStreak() if self.scaler is not None else None
         self._fallback_said = False
         self._placements_said = 0
@@ -172,6 +173,10 @@ class NumericsMonitor:
     def _on_forward(self, module, args, kwargs) -> None:
         if not torch.is_grad_enabled():
             return  # evaluation inside the loop is not part of the step
+        if self._lazy:
+            self._lazy = materialized(self.model.parameters()) is None
+            if self._lazy:
+                return  # the step of a lazy module's first forward: no state to keep from before it
         if self._keeping.current is None:
             self._keeping.begin(self._prof.step_index)
         elif self._begun_at_phase:  # the loop enters autocast inside its forward phase

@@ -24,20 +24,20 @@ from typing import Any
 
 import torch
 
-from gpuprof.modules import local_tensor
+from gpuprof.modules import local_tensor, named_parameters
 
 OPTIMIZER_KEY_SEPARATOR = "::"
 SCALER_PREFIX = "scaler" + OPTIMIZER_KEY_SEPARATOR
 
 
 def param_names(model: torch.nn.Module) -> dict[int, str]:
-    return {id(p): name for name, p in model.named_parameters()}
+    return {id(p): name for name, p in named_parameters(model)}
 
 
 def live_tensors(model: torch.nn.Module, optimizer=None, scaler=None) -> dict[str, torch.Tensor]:
     """Every tensor training mutates, by a stable name: `w`, `w::exp_avg`, `scaler::scale`.
     Of a sharded (DTensor) one, this rank's shard."""
-    named = list(model.named_parameters())
+    named = list(named_parameters(model))
     tensors = {name: local_tensor(t.detach()) for name, t in named}
     tensors.update({name: local_tensor(t) for name, t in model.named_buffers()})
     if optimizer is not None:

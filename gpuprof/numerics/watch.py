@@ -70,12 +70,27 @@ class ModuleTracker:
         self.stack: list[str] = []
         self.source_hint: str | None = None  # the user's line of a recorded loss call being replayed
         self.entries = 0
-        self._handles = []
+        self.in_model = False  # inside the model's own call (the root's), where `stack` may still be empty
+        self.model_entries = 0  # `entries` when the model's current call began
+        self._handles = [module_hooks.register(model, "forward_pre", self._enter_model),
+                         module_hooks.register(model, "forward", self._exit_model, always_call=True)]
         for name, module in model.named_modules():
             if name:
                 self._handles.append(module_hooks.register(module, "forward_pre", functools.partial(self._enter, name)))
                 self._handles.append(
                     module_hooks.register(module, "forward", functools.partial(self._exit, name), always_call=True))
+
+    @property
+    def in_model_before_any_module(self) -> bool:
+        """Inside the model's own forward, none of its modules called yet in this call (a model that is one
+        nn.Linear has none to call)."""
+        return self.in_model and self.entries == self.model_entries
+
+    def _enter_model(self, _module, _args) -> None:
+        self.in_model, self.model_entries = True, self.entries
+
+    def _exit_model(self, _module, _args, _output) -> None:
+        self.in_model = False
 
     @property
     def current(self) -> str | None:
@@ -145,6 +160,7 @@ class OpWatch(TorchDispatchMode):
         self.micro_batch = 0
         self.found: dict[str, Any] | None = None
         self.entries_at_found = 0
+        self.found_before_any_module = False  # in the model's own forward, before any of its modules
         self._intentional: dict[int, torch.Tensor] = {}
 
     def note_loss_call(self, call) -> None:
@@ -199,6 +215,7 @@ class OpWatch(TorchDispatchMode):
 
             self.found["module"] = owning_module(name)
         self.entries_at_found = self.tracker.entries
+        self.found_before_any_module = self.tracker.in_model_before_any_module
 
     def _attribution(self) -> tuple[str | None, str | None]:
         if self.phase == "backward":
@@ -207,10 +224,11 @@ class OpWatch(TorchDispatchMode):
         return self.tracker.current, self.tracker.source_hint or caller_line()
 
     def end_forward(self) -> None:
-        """Ops outside every module after the model's last module ran are the loss computation."""
+        """Ops outside every module after the model's last module ran are the loss computation; not those of a
+        model whose own forward had called none of its modules (an nn.Linear alone)."""
         found = self.found
         if found and found["phase"] == "forward" and found["module"] is None \
-                and self.tracker.entries == self.entries_at_found:
+                and self.tracker.entries == self.entries_at_found and not self.found_before_any_module:
             found["phase"] = "loss"
 
 

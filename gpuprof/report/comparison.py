@@ -15,7 +15,8 @@ from gpuprof.analysis.run.summary import measured_step_table
 from gpuprof.errors import GpuprofError
 from gpuprof.report import gate
 from gpuprof.report.build import Report
-from gpuprof.report.contract import TERMS, Difference, differences, host_load_difference
+from gpuprof.report.contract import (HOST_LOAD, TERMS, Difference, busier, differences, host_load_caution,
+                                     host_load_difference)
 from gpuprof.report.format import MISSING, ci_text, figure_text, fmt_interval, fmt_ratio_interval
 from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate
 from gpuprof.run.jsonable import json_safe
@@ -285,6 +286,21 @@ class Comparison:
         return [difference for difference in self.differences if difference.blocks]
 
     @property
+    def host_load(self) -> Difference | None:
+        """The contract's host-load term, where one side competed for its cores more than the other."""
+        return next((difference for difference in self.differences if difference.term == HOST_LOAD), None)
+
+    @property
+    def b_host_no_busier(self) -> bool:
+        """Whether B's host took no more from its loop than every run of A's did: load slows a run, it never
+        speeds one, so B measured slower there is slower for its own reasons."""
+        loads = [report.host_load for report in (*self.a_side.reports, self.b)]
+        if any(load is None for load in loads):
+            return False
+        *a_loads, b_load = loads
+        return not any(busier(a_load, b_load) for a_load in a_loads)
+
+    @property
     def slowdown(self) -> stats.Interval | float | None:
         """B's mean step time over A's (above 1: B is slower)."""
         return self.figures[0].change if self.figures and self.figures[0].name == "Step time, mean" else None
@@ -294,7 +310,8 @@ class Comparison:
         """The one line a comparison leads with."""
         if self.blocking:
             return "A and B are not comparable: " + "; ".join(d.text for d in self.blocking)
-        return f"{speed_text(self.slowdown)}, {self.numerics.text}"
+        load = f"; {host_load_caution(self.host_load)}" if self.host_load else ""
+        return f"{speed_text(self.slowdown)}, {self.numerics.text}{load}"
 
     def gate(self, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -> Gate:
         return gate.decide(self, max_regression_pct)

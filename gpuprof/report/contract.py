@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from gpuprof.analysis.run.host_load import CONTENDED_CORES, HostLoad
+from gpuprof.analysis.run.host_load import CONTENDED_CORES, DIFFERENT_LOAD_RATIO, HostLoad
 from gpuprof.report.format import MISSING, device_label, figure
+
+
+HOST_LOAD = "host load"
 
 
 @dataclass(frozen=True)
@@ -95,12 +98,36 @@ def host_load_difference(load_a: HostLoad | None, load_b: HostLoad | None) -> Di
     loads = (load_a, load_b)
     if not any(load is not None and load.contended for load in loads):
         return None
-    if None not in loads and abs(load_a.other_cpu_cores - load_b.other_cpu_cores) < CONTENDED_CORES:
+    if None not in loads and load_a.contended == load_b.contended and not _loads_differ(load_a, load_b):
         return None
-    return Difference("host load", "environment", *(_load_text(load) for load in loads), blocks=False)
+    return Difference(HOST_LOAD, "environment", *(_load_text(load) for load in loads), blocks=False)
+
+
+def _loads_differ(load_a: HostLoad, load_b: HostLoad) -> bool:
+    received = sorted((load_a.loop_cpu_received_pct, load_b.loop_cpu_received_pct), key=lambda pct: pct or 0.0)
+    if None not in received and received[1] >= DIFFERENT_LOAD_RATIO * max(received[0], 1.0):
+        return True
+    return abs(load_a.other_cpu_cores - load_b.other_cpu_cores) >= CONTENDED_CORES
+
+
+def busier(load_a: HostLoad, load_b: HostLoad) -> bool:
+    """Whether B's host took more from its loop than A's did: by the loops' waits for a core where both were
+    read, else by the cores other processes held."""
+    if load_a.loop_cpu_wait_pct is not None and load_b.loop_cpu_wait_pct is not None:
+        return load_b.loop_cpu_wait_pct > load_a.loop_cpu_wait_pct
+    return load_b.other_cpu_cores > load_a.other_cpu_cores
+
+
+def host_load_caution(difference: Difference) -> str:
+    """What a host-load difference means for the comparison's speed, and what to do."""
+    return (f"but the hosts' load differed (A: {difference.a}; B: {difference.b}), so the speeds measure other jobs "
+            f"too: record both back to back, or on a quiet machine")
 
 
 def _load_text(load: HostLoad | None) -> str:
     if load is None:
         return shown(None)
-    return f"{load.other_cpu_cores:.1f} of {load.cpu_count} CPUs taken by other processes"
+    taken = f"{load.other_cpu_cores:.1f} of {load.cpu_count} CPUs taken by other processes"
+    if load.loop_cpu_wait_pct is None:
+        return taken
+    return f"{taken}, the loop waiting for a core {load.loop_cpu_wait_pct:.0f} % of the time it wanted one"

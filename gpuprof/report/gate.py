@@ -37,9 +37,12 @@ class Gate:
 
 def decide(comparison, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -> Gate:
     """Not comparable (4); a numerics regression, or the whole interval of B's slowdown past the
-    threshold (3); the whole interval within it (0); else too noisy (5), with the steps that would tell."""
+    threshold (3); the whole interval within it (0); else too noisy (5), with the steps that would tell.
+    Where the hosts' load differed, never a pass, and a regression only where B's host was no busier than A's
+    (load cannot have made B slower): else too noisy (5), saying so."""
     from gpuprof.analysis.run import stats
     from gpuprof.report.comparison import speed_text
+    from gpuprof.report.contract import host_load_caution
 
     if not math.isfinite(max_regression_pct) or max_regression_pct < 0:
         raise GpuprofError(f"--max-regression-pct must be a number of at least 0, got {max_regression_pct}")
@@ -54,8 +57,13 @@ def decide(comparison, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -
                     f"{stats.MIN_STEPS} after warm-up in each run)", stats.MIN_STEPS)
     limit = f"the {max_regression_pct:g} % threshold"
     speed = speed_text(slowdown)
-    if slowdown.low > threshold:
+    if slowdown.low > threshold and comparison.host_load is None:
         return Gate(Exit.REGRESSION, "regression", f"{speed}: past {limit}")
+    if slowdown.low > threshold and comparison.b_host_no_busier:
+        return Gate(Exit.REGRESSION, "regression", f"{speed}: past {limit}, on a host that took no more from its "
+                    "loop than A's did (load slows a run, it never speeds one)")
+    if comparison.host_load is not None:
+        return Gate(Exit.TOO_NOISY, "too noisy", f"{speed}, {host_load_caution(comparison.host_load)}")
     if slowdown.high <= threshold:
         return Gate(Exit.PASS, "pass", f"{speed}: within {limit}")
     distance = abs(threshold - slowdown.point)

@@ -110,7 +110,7 @@ class Verdict:
         if self.bound is None:
             return f"Not enough signal to say what bounds the step: no {self.missing}"
         if self.bound == "failure":
-            return f"Stopped by {CATEGORY_TITLES[self.bound]}"
+            return f"Stopped by {self.subject or CATEGORY_TITLES[self.bound]}"
         share = f" ({fmt_share(self.share_pct)})" if self.share_pct is not None else ""
         subject = f": {self.subject}" if self.subject else ""
         return f"Bound by {CATEGORY_TITLES[self.bound]}{share}{subject}"
@@ -135,15 +135,26 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     verdict = bound_verdict(summary, findings, trace_steps, device_trace, meta, sites)
     contention = next((f for f in findings if f.rule == HOST_CONTENTION), None)
     if contention is not None:
-        verdict = replace(verdict, why=f"{verdict.why} {contention.title}: its times include their load.")
+        # what the timings mean comes first where they are the verdict; a run that stopped or went non-finite leads
+        # with that
+        stopped = verdict.bound in ("failure", "numerics")
+        why = (f"{verdict.why} {contention.title}: its times include their load." if stopped
+               else f"{contention_lead(contention)} {verdict.why}")
+        verdict = replace(verdict, why=why)
     if not summary.evaluation:
         return verdict
     return replace(verdict, why=f"{verdict.why} {evaluation_text(summary.evaluation)}", evaluation=summary.evaluation)
 
 
+def contention_lead(contention) -> str:
+    """What a run whose host was busy leads with: its timings hold other jobs' load before they hold the loop's."""
+    return f"These timings measure the host's other jobs too: {contention.title[0].lower()}{contention.title[1:]}."
+
+
 def evaluation_text(figures: dict) -> str:
+    every = f"every {fmt(figures['every_steps'], '{:.0f}')} steps, " if figures["every_steps"] is not None else ""
     return (f"Evaluation inside the loop is left out of the step's bound: {fmt(figures['steps_with_eval'], '{:d}')} "
-            f"time(s), about every {fmt(figures['every_steps'], '{:.0f}')} steps, {fmt_ms(figures['mean_s'])} each "
+            f"time(s), {every}{fmt_ms(figures['mean_s'])} each "
             f"({fmt_share(figures['share_pct'])} of the run's time).")
 
 
@@ -151,7 +162,11 @@ def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_tra
                   sites: pd.DataFrame | None) -> Verdict:
     stopped = next((f for f in findings if f.category == "failure" and f.severity == "critical"), None)
     if stopped is not None:
-        return Verdict("failure", None, f"{stopped.title}.", next_step("failure", findings))
+        nonfinite = critical_trouble(summary, [f for f in findings if f.category == "numerics"])
+        if nonfinite is not None:  # the values went non-finite first: that explains the stop
+            return replace(nonfinite, why=f"{nonfinite.why} Then the run stopped: {stopped.title}.")
+        return Verdict("failure", None, f"{stopped.title}.", next_step("failure", findings),
+                       subject=failure_subject(stopped))
     if summary.n_steps == 0 and summary.damaged_ranks:
         return unreadable_steps(summary.damaged_ranks)
     if summary.n_steps == 0:
@@ -168,6 +183,15 @@ def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_tra
     if signal is not None:
         return unmeasured(signal, summary, shares)
     return measured("compute", shares["compute"], sources["compute"], findings, meta, sites)
+
+
+def failure_subject(stopped) -> str:
+    """What stopped the run, in a few words: a hang, an exception (its type), or a rank that died unseen."""
+    if stopped.rule == "rank-hang":
+        return "a hang"
+    if stopped.evidence.get("raised"):
+        return f"an exception ({str(stopped.evidence.get('error') or '').split(':')[0] or 'raised'})"
+    return "a dead rank"
 
 
 def unreadable_steps(ranks: list[int]) -> Verdict:
@@ -309,9 +333,15 @@ def sites_text(sites: pd.DataFrame, phase: str) -> str:
 
 
 def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
-    """The fix of the top warning about this bound, else the usual first moves the loop does not make yet, else
-    the fix of an information-only finding about it (one below its rule's threshold: a small share)."""
-    about = [f for f in findings if f.category == bound and f.rule not in ABOUT_MEASURING]
+    """Where the step is slow (not a failure or numerics), the fix worth the most: of the findings with an expected
+    gain, the largest (one about this bound on a tie). Else the fix of the top warning about this bound that is
+    not worth nothing, else the usual first moves the loop does not make yet, else the fix of an information-only
+    finding about it (one below its rule's threshold: a small share)."""
+    actionable = [f for f in findings if f.rule not in ABOUT_MEASURING]
+    worth = [f for f in actionable if f.worth_pct > 0]
+    if worth and bound not in ("failure", "numerics"):
+        return fix_of(max(worth, key=lambda f: (f.worth_pct, f.category == bound)))
+    about = [f for f in actionable if f.category == bound and (f.est_gain_pct is None or f.worth_pct > 0)]
     warning = next((f for f in about if f.severity != "info"), None)
     if warning is not None:
         return fix_of(warning)
@@ -329,7 +359,8 @@ def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
 
 
 def fix_of(finding) -> str:
-    return f"{finding.fix} (finding {finding.rule})"
+    gain = f", est. gain {fmt_share(finding.worth_pct)} of step time" if finding.worth_pct > 0 else ""
+    return f"{finding.fix} (finding {finding.rule}{gain})"
 
 
 def loop_levers(bound: str, meta: dict | None, minor: set[str] = frozenset()) -> list[str] | None:

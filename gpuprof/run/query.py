@@ -137,6 +137,11 @@ def count_where(condition: Filter) -> Agg:
     return Agg("count(*)", condition=condition.sql)
 
 
+def steps_where(condition: Filter) -> Agg:
+    """The steps with a row that `condition` keeps, each once however many ranks it holds."""
+    return Agg(f"count(DISTINCT {_ident('step')})", condition=condition.sql)
+
+
 def weighted_mean(value: str, weight: str) -> Agg:
     """sum(value * weight) / sum(weight) over rows where both are known; null when the weights sum to 0."""
     v, w = _ident(value), _ident(weight)

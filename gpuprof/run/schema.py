@@ -62,7 +62,7 @@ STREAM_COLUMNS: dict[str, tuple[str, ...]] = {
         "time_unix_s", "rank", "device_index", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
         "mem_total_bytes", "power_w", "temp_c", "sm_clock_mhz", "throttle_reasons",
         "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "sm_active_pct", "tensor_active_pct",
-        "dram_active_pct", "host_cpu_pct", "job_cpu_pct", "proc_rss_bytes", "host_mem_used_bytes",
+        "dram_active_pct", "host_cpu_pct", "job_cpu_pct", "loop_cpu_wait_pct", "proc_rss_bytes", "host_mem_used_bytes",
         "host_mem_total_bytes",
     ),
     "events": ("time_unix_s", "rank", "step", "kind", "severity", "message", "details"),
@@ -103,6 +103,8 @@ def column_kind(stream: str, column: str) -> str | None:
     return "number"
 
 
+# The `error` of a rank_failed event when torchrun stopped the rank with SIGTERM: nothing was raised in it.
+TERMINATED_ERROR = "terminated by SIGTERM"
 # Severity of an event or a finding, most severe first (findings are ranked in this order).
 SEVERITIES = ("critical", "warning", "info")
 

@@ -7,13 +7,14 @@ that a fast loop does not pay an encode and a system call per step. Whatever the
 survives a SIGKILL of the process: such a kill loses at most the last BUFFER_S seconds of those
 streams. A background thread hands them over BUFFER_S after they were written even when the
 loop stalls; a clean close, an exception leaving the loop and interpreter exit write everything.
-A failing disk (full, read-only) switches the stream off, logged once, and never raises into
-the training loop.
+A failing disk (full, read-only) switches the stream off and never raises into the training loop;
+the run directory's first such failure is logged, one line (the later ones at debug level).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -37,8 +38,19 @@ def dumps(record: Mapping[str, Any]) -> str:
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, default=encodable, indent=2) + "\n")
-    os.replace(tmp, path)
+    with _removed_on_failure(tmp):
+        tmp.write_text(json.dumps(data, default=encodable, indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: Path):
+    """A temporary file not left behind half written (a full disk)."""
+    try:
+        yield
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class StreamWriter:
@@ -48,9 +60,10 @@ class StreamWriter:
     A record must not be changed after `write`.
     """
 
-    def __init__(self, path: Path, buffer_s: float = 0.0):
+    def __init__(self, path: Path, buffer_s: float = 0.0, on_error=None):
         self.path = path
         self.buffer_s = buffer_s
+        self._on_error = on_error or _log_failure
         self._lock = threading.Lock()
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._pending: list[Mapping[str, Any]] = []
@@ -85,7 +98,7 @@ class StreamWriter:
             self._file.flush()
             self.records_written += len(records)
         except (OSError, ValueError) as error:
-            logger.warning("gpuprof: cannot write %s (%s); this stream is switched off", self.path, error)
+            self._on_error(self.path, error)
             self._close_quietly()
 
     def close(self) -> None:
@@ -112,8 +125,9 @@ class RunWriter:
         self.rank_dir = self.run_dir / schema.rank_dir_name(rank)
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         self._clear_previous_run()
-        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl", BUFFER_S * (name in BUFFERED_STREAMS))
-                        for name in schema.STREAMS}
+        self._failed = False  # a file of this run could not be written
+        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl", BUFFER_S * (name in BUFFERED_STREAMS),
+                                           self._write_failed) for name in schema.STREAMS}
         atexit.register(self.flush)  # a loop that never closes the profiler still leaves every record
         # a loop that stalls (the moment one opens the dashboard) still shows its last steps within BUFFER_S
         self._stopped = threading.Event()
@@ -150,7 +164,17 @@ class RunWriter:
         try:
             write_json_atomic(path, meta)
         except OSError as error:
-            logger.warning("gpuprof: cannot write %s (%s)", path, error)
+            self._write_failed(path, error)
+
+    def _write_failed(self, path: Path, error: BaseException) -> None:
+        """One warning line per run directory, at its first file that cannot be written (a full or read-only
+        disk fails them all)."""
+        if self._failed:
+            logger.debug("gpuprof: cannot write %s (%s)", path, error)
+            return
+        self._failed = True
+        logger.warning("gpuprof: cannot write %s (%s): its records, and any other of %s that cannot be written "
+                       "from now on, are lost", path, error, self.run_dir)
 
     def artifact_dir(self, name: str) -> Path:
         """A folder for files beside the streams (`traces`, `snapshots`, `numerics`)."""
@@ -179,8 +203,14 @@ class RunWriter:
             stream.close()
             try:
                 compact(stream.path, name)
+            except OSError as error:  # the JSON lines remain readable
+                self._write_failed(stream.path.with_suffix(".parquet"), error)
             except Exception as error:  # noqa: BLE001 - the JSON lines remain readable
                 logger.warning("gpuprof: could not compact %s to Parquet (%s)", stream.path, error)
+
+
+def _log_failure(path: Path, error: BaseException) -> None:
+    logger.warning("gpuprof: cannot write %s (%s); this stream is switched off", path, error)
 
 
 def compact(jsonl: Path, stream: str) -> None:
@@ -190,7 +220,8 @@ def compact(jsonl: Path, stream: str) -> None:
     frame = storable(read_jsonl_frame(jsonl, stream))
     target = jsonl.with_suffix(".parquet")
     tmp = target.with_name(f".{target.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, target)
+    with _removed_on_failure(tmp):
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, target)
     jsonl.unlink()
 

@@ -29,7 +29,7 @@ def test_an_input_bound_loop_gets_the_input_verdict_and_the_data_loader_finding(
     assert document["verdict"]["share_pct"] >= 30  # a batch takes 1.5 steps to prepare
     finding = next(f for f in document["findings"] if f["rule"] == "dataloader-bound")
     assert finding["evidence"]["source"] == "trace" and finding["category"] == "input"
-    assert "num_workers" in finding["fix"] and "(finding dataloader-bound)" in document["verdict"]["next_step"]
+    assert "num_workers" in finding["fix"] and "(finding dataloader-bound, est. gain " in document["verdict"]["next_step"]
     assert {"tables", "notes", "ranks"} <= set(document) and document["ranks"] == [0]
 
 
@@ -144,3 +144,17 @@ def test_the_same_loop_with_and_without_workers_runs_the_same_ops(plugin_traces,
                                 "--json"], capsys)
     ops = {row["name"]: row for row in document["diff"]["rows"] if row["kind"] == "cpu_op"}
     assert ops["aten::mm"]["count_a"] > 0 and ops["aten::mm"]["count_diff"] == 0  # two profiled steps each
+
+
+def test_the_next_step_is_the_finding_worth_the_most_and_findings_rank_by_worth(shared_traces, capsys):
+    """The shared 128-rank trace: communication-bound is worth 28 % of the step, the host-device syncs 0.01 %;
+    the next step was the syncs' fix, and a 0 %-gain warning ranked above findings worth more."""
+    document = trace_json(shared_traces / "sampled_world128", capsys)
+    findings = document["findings"]
+    worth = [f["est_gain_pct"] if (f["est_gain_pct"] or 0) > 1 else 0 for f in findings]
+    best = findings[worth.index(max(worth))]
+    assert best["rule"] == "communication-bound" and best["est_gain_pct"] > 20
+    assert f"(finding {best['rule']}, est. gain " in document["verdict"]["next_step"]
+    assert worth == sorted(worth, reverse=True)  # no critical finding here: worth alone orders them
+    syncs = next(f for f in findings if f["rule"] == "host-device-sync")
+    assert syncs["est_gain_pct"] < 1 and findings.index(syncs) > findings.index(best)

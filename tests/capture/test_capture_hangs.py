@@ -7,20 +7,18 @@ every wait has a generous bound, since the machine is shared.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 import torch
 
 from capture_loop import batch, tiny_model
+from processes import JOB_BOUND_S, hang_events_of_every_rank, stop, wait_for
 
 import gpuprof
 from gpuprof.cli import main
@@ -29,12 +27,10 @@ from gpuprof.report import build_report
 pytestmark = pytest.mark.slow  # multi-process
 
 LOOP = Path(__file__).with_name("faulty_ddp_loop.py")
-JOB_BOUND_S = 420  # the whole job, start-up of two torch processes on a loaded machine included
 # The watchdog beats every timeout / 4 and calls a rank silent after 3 beats: at 10 s, a loaded
 # machine still leaves a beat more than twice its interval; a step here takes milliseconds.
 HANG_TIMEOUT_S = 10
 HANG_EVENT_BOUND_S = 60  # from the stuck step's start to the event in the run directory
-STOP_BOUND_S = 60
 
 
 @contextlib.contextmanager
@@ -53,52 +49,6 @@ def torchrun(run_dir: Path, *args: str, shutdown_timeout_s: int | None = None):
     finally:
         stop(job)
         log.close()
-
-
-def stop(job: subprocess.Popen) -> None:
-    """torchrun starts each worker in a session of its own: SIGTERM lets the agent stop them; then
-    SIGKILL for whatever of the job is left, worker by worker."""
-    workers = []
-    with contextlib.suppress(psutil.NoSuchProcess):
-        workers = psutil.Process(job.pid).children(recursive=True)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(job.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        job.wait(timeout=STOP_BOUND_S)
-    for process in [*workers, psutil.Process(job.pid) if job.poll() is None else None]:
-        with contextlib.suppress(psutil.NoSuchProcess, AttributeError):
-            process.kill()
-    job.wait(timeout=STOP_BOUND_S)
-
-
-def events_on_disk(run_dir: Path, kind: str) -> list[dict]:
-    """The `kind` events every rank has handed to the OS so far (the job may still run)."""
-    found = []
-    for path in sorted(run_dir.glob("rank-*/events.jsonl")):
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                event = json.loads(line)
-                if event["kind"] == kind:
-                    found.append(event)
-    return found
-
-
-def wait_for(condition, job, bound_s: float = JOB_BOUND_S):
-    deadline = time.monotonic() + bound_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if job.poll() is not None and not condition():
-            return condition()
-        time.sleep(1.0)
-    return condition()
-
-
-def hang_events_of_every_rank(run_dir: Path, step: int):
-    """Each rank's `hang` event at `step` (a loaded machine may stall an earlier step past the timeout too)."""
-    events = [event for event in events_on_disk(run_dir, "hang") if event["step"] == step]
-    return events if sorted(event["rank"] for event in events) == [0, 1] else None
 
 
 def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(tmp_path, capsys):
@@ -140,7 +90,7 @@ def test_a_rank_stuck_in_user_code_is_named_with_its_stack_while_the_job_hangs(t
     assert report.verdict.bound == "failure"
     assert report.verdict.why.startswith("Hung at step 5: rank 1 is at step 5 (data) in read_next_shard")
     text = analyze(run_dir, capsys)
-    assert text.startswith("Verdict: Stopped by a hang or a dead rank")
+    assert text.startswith("Verdict: Stopped by a hang\n")
     assert "  hang        step 5, seen by rank " in text
 
 
@@ -189,10 +139,11 @@ def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path, capsys):
     assert outcomes.loc[0, "status"] in ("failed", "incomplete")  # stopped by torchrun, or by the broken group
     assert report.verdict.bound == "failure"
     text = analyze(run_dir, capsys)
-    assert text.startswith("Verdict: Stopped by a hang or a dead rank")
-    assert "rank 1 failed after step 4 (RuntimeError: bad batch on rank 1 at step 5)" in text
+    assert text.startswith("Verdict: Stopped by an exception (RuntimeError)")
+    assert "rank 1 failed after step 4 (RuntimeError: bad batch on rank 1 at step 5 at fail_here (faulty_ddp_loop.py:" in text
     finding = next(f for f in report.findings if f.rule == "ranks-never-finished")
-    assert finding.evidence["first_to_stop"] == 1
+    assert finding.evidence["first_to_stop"] == 1 and finding.evidence["raised_at"].startswith("fail_here (")
+    assert finding.fix.startswith("Start from rank 1 (the first to stop) where it raised RuntimeError")
 
 
 @pytest.mark.capture_may_switch_off
@@ -206,8 +157,11 @@ def test_a_rank_killed_with_sigkill_is_named_with_its_last_step(tmp_path, capsys
     assert 3 <= outcomes.loc[1, "last_step"] <= 4
     assert outcomes.loc[0, "status"] != "finished"
     text = analyze(run_dir, capsys)
-    assert text.startswith("Verdict: Stopped by a hang or a dead rank")
+    # rank 0's collective then fails on the broken connection: a consequence, not the first to stop
+    assert text.startswith("Verdict: Stopped by a dead rank")
     assert f"rank 1 stopped after step {outcomes.loc[1, 'last_step']} with no traceback" in text
+    finding = next(f for f in report.findings if f.rule == "ranks-never-finished")
+    assert finding.evidence["first_to_stop"] == 1 and "dmesg" in finding.fix
 
 
 def test_a_straggler_under_ddp_is_the_rank_that_arrives_last(tmp_path):

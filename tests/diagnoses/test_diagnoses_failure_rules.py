@@ -79,7 +79,7 @@ def test_an_open_hang_is_the_verdict_and_one_that_ended_is_not(write_cpu_run):
     assert finding.title.startswith("Hung at step 12: rank 1 is at step 12 (data) in read_next_shard")
     assert finding.evidence["behind_ranks"] == [1] and finding.evidence["waiting_ranks"] == [0]
     report = build_report(run.path)
-    assert report.verdict.bound == "failure" and report.verdict.headline == "Stopped by a hang or a dead rank"
+    assert report.verdict.bound == "failure" and report.verdict.headline == "Stopped by a hang"
     assert report.verdict.why == f"{finding.title}."
     assert stopped_lines(report)[-1] == f"  hang        step 12, seen by rank 1: {report.hangs['message'].iloc[0]}"
     assert report.hangs["stacks"].iloc[0] == {1: '  File "train.py", line 31, in read_next_shard\n    time.sleep(3600)'}

@@ -66,7 +66,7 @@ def test_low_mfu_on_the_recorded_h200_runs():
     optimized = gpuprof.load_run(H200_RUNS / "h200-gpt2-optimized")
     (finding,) = fired(optimized, "low-mfu")
     assert finding.evidence["mfu_pct"] < 20 and finding.evidence["source"] == "nvml"
-    assert "(finding low-mfu)" in build_report(H200_RUNS / "h200-gpt2-optimized").verdict.next_step
+    assert "(finding low-mfu, est. gain " in build_report(H200_RUNS / "h200-gpt2-optimized").verdict.next_step
     assert not fired(gpuprof.load_run(H200_RUNS / "h200-gpt2-baseline"), "low-mfu")
 
 

@@ -5,9 +5,7 @@ processes beside them."""
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import subprocess
-import sys
 import time
 
 import psutil
@@ -21,18 +19,10 @@ from gpuprof.report.comparison import contract_lines
 from gpuprof.report.contract import host_load_difference
 from gpuprof.report.tuning import effect_text
 from gpuprof.tune.trials import Trial, host_load_note
+from processes import SPIN, spinner_outside_the_job
 
-# Busy for 60 s at most: one left behind by a killed test stops by itself.
-SPIN = [sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"]
 INTERVAL_S = 0.25
 CPUS = psutil.cpu_count() or 1
-
-
-def spinner_outside_the_job() -> int:
-    """A busy process that is not this one's child (started by a shell that exits at once), by pid."""
-    shell = subprocess.run(["sh", "-c", f"{shlex.join(SPIN)} >/dev/null 2>&1 & echo $!"],
-                           capture_output=True, text=True, check=True)
-    return int(shell.stdout.strip())
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +71,7 @@ def test_a_run_beside_busy_processes_is_told_it_competed_for_its_cores(contended
     assert finding.evidence["host_cpu_count"] == CPUS
     assert finding.title.startswith("Other processes held ")
     assert "taskset" in finding.fix
-    assert f"{finding.title}: its times include their load." in report.verdict.why
+    assert report.verdict.why.startswith("These timings measure the host's other jobs too: other processes held ")
     assert "host-contention" not in report.verdict.next_step
 
 

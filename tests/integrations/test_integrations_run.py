@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from tiny_gpt2 import BATCH, SEQ, assert_phases_cover_the_steps
 
 import gpuprof
 from gpuprof.cli import main
+from gpuprof.report import build_report
 
 HERE = Path(__file__).parent
 
@@ -108,6 +110,12 @@ def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["status"] == "failed"
     assert run.steps["step"].tolist() == [0, 1, 2]
+    # an exception, named with the script's own line: not a hang, not a dead rank
+    verdict = build_report(tmp_path / "run").verdict
+    assert verdict.headline == "Stopped by an exception (RuntimeError)"
+    assert re.fullmatch(r"The script raised RuntimeError: failing on purpose at step 3 at \S+ \(tiny_gpt2\.py:\d+\), "
+                        r"after step 2\.", verdict.why), verdict.why
+    assert verdict.next_step.startswith("Start from the script where it raised RuntimeError") and "dmesg" not in verdict.next_step
 
 
 def test_a_missing_script_is_one_line_and_exit_code_2(tmp_path, capsys):

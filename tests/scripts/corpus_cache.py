@@ -28,7 +28,8 @@ PINS = Path(__file__).with_name("corpus_pins.tsv")
 LICENCE_PATH = "LICENSE"
 ONLINE_URL = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
 ONLINE_TIMEOUT_S = 10
-HOW_TO_FILL = "python scripts/get_corpus.py [--git DIR ...] [--files DIR ...] (see tests/scripts/README.md)"
+HOW_TO_FILL = ("python scripts/get_corpus.py --git DIR (a git copy of each repository; --files DIR for loose files), "
+               "or the same without options where GitHub is reachable (tests/scripts/README.md)")
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,11 @@ def read_pinned(pin: Pin, root: Path | None = None) -> bytes | None:
     return content if _sha256(content) == pin.sha256 else None
 
 
-def fill(git_dirs=(), file_dirs=(), online: bool = True, root: Path | None = None) -> list[Pin]:
-    """Puts every pinned file that is not yet cached into the cache, from the first place that holds the
+def fill(wanted: list[Pin], git_dirs=(), file_dirs=(), online: bool = True, root: Path | None = None) -> list[Pin]:
+    """Puts each wanted file that is not yet cached into the cache, from the first place that holds the
     pinned content; the pins still missing afterwards."""
     missing = []
-    for pin in pins():
+    for pin in wanted:
         if read_pinned(pin, root) is not None:
             continue
         content = _from_git(pin, git_dirs)
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument("--offline", action="store_true", help="never download from GitHub")
     args = parser.parse_args(argv)
     root = cache_root()
-    missing = fill(args.git, args.files, online=not args.offline, root=root)
+    missing = fill(pins(), args.git, args.files, online=not args.offline, root=root)
     required = [pin for pin in missing if licensed(pin.repository)]
     total = len(pins())
     print(f"script corpus: {total - len(missing)} of {total} pinned files in {root}")

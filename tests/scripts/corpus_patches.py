@@ -4,7 +4,8 @@ the scripts would download, and the limits that keep them short."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import sys
+from typing import Any, Callable
 
 from gpuprof.integrations.script import _PatchOnImport
 
@@ -12,6 +13,39 @@ from gpuprof.integrations.script import _PatchOnImport
 def after_import(name: str, patch: Callable) -> None:
     """Calls patch(module) right after module `name` is imported (now, if it already is)."""
     _PatchOnImport({name: patch}).install()
+
+
+_SCRIPT_BINDINGS: dict[str, list[Callable[[Any], Any]]] = {}  # name -> patches not yet applied, in order
+
+
+def after_binding(name: str, patch: Callable[[Any], Any]) -> None:
+    """Binds patch(value) in place of `value` right after the script's own top-level code binds `name` (a constant,
+    a class, an imported function): what a script whose set-up is not in functions (B = 64, a class defined in
+    `__main__`) is changed by from outside. A line tracer on the script's module frame alone, every other frame
+    untraced, taken off once every name patched is bound: before the loop, for the names its set-up binds."""
+    if not _SCRIPT_BINDINGS:
+        sys.settrace(_trace_the_script)
+    _SCRIPT_BINDINGS.setdefault(name, []).append(patch)
+
+
+def _trace_the_script(frame, event, arg):
+    """The script's module frame: the only `__main__` module code that starts after the patches."""
+    if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+        return _rebind
+    return None
+
+
+def _rebind(frame, event, arg):
+    """Before each line of the script's top level: the names the line before bound, patched."""
+    scope = frame.f_globals  # a module frame's locals
+    for name in [name for name in _SCRIPT_BINDINGS if name in scope]:
+        for patch in _SCRIPT_BINDINGS.pop(name):
+            scope[name] = patch(scope[name])
+    if _SCRIPT_BINDINGS:
+        return _rebind
+    sys.settrace(None)
+    frame.f_trace = None
+    return None
 
 
 def offline_hub(data_files: dict[str, str], tokenizer: str, model: str) -> None:
@@ -28,6 +62,27 @@ def offline_hub(data_files: dict[str, str], tokenizer: str, model: str) -> None:
     config = transformers.AutoConfig.from_pretrained(model)
     transformers.AutoModelForCausalLM.from_pretrained = (
         lambda name, *args, **kwargs: transformers.AutoModelForCausalLM.from_config(config))
+
+
+def offline_accuracy() -> None:
+    """`evaluate.load("accuracy")` downloads the metric's script from the Hub: here a local metric computing the
+    same, the share of predictions equal to their references."""
+    import numpy as np
+
+    class Accuracy:
+        @staticmethod
+        def compute(predictions, references):
+            return {"accuracy": float(np.mean(np.asarray(predictions) == np.asarray(references)))}
+
+    def local_load(evaluate):
+        def load(path, *args, **kwargs):
+            if path != "accuracy":
+                raise ValueError(f"only the accuracy metric is available offline, not {path!r}")
+            return Accuracy()
+
+        evaluate.load = load
+
+    after_import("evaluate", local_load)
 
 
 def limit_lightning_trainer(max_steps: int, devices: int | None = None) -> None:
@@ -52,8 +107,8 @@ def limit_lightning_trainer(max_steps: int, devices: int | None = None) -> None:
 # ---------------------------------------------------------------------------------------------- faults
 # Each breaks a training script from outside it, as its own bug would: through torch's global hooks
 # or a wrapper around the forward of the script's model class, never by editing the script. `model`
-# names that class as "module:Class" (nanoGPT's "model:GPT"); `weight` a parameter of it by its
-# name in the class's own module ("transformer.wte.weight").
+# names that class as "module:Class" (nanoGPT's "model:GPT"; "__main__:GPT" for a class the script
+# defines itself); `weight` a parameter of it by its name in the class's own module ("transformer.wte.weight").
 def lr_spike(model: str, at_call: int, lr: float) -> None:
     """Every optimizer's lr set to `lr` before training call `at_call` of `model` (after the loop set that
     iteration's lr from its schedule, if it does): that iteration's update is made with it."""
@@ -99,8 +154,7 @@ def _before_training_forward(model: str, at_call: int, fault: Callable) -> None:
 
     module_name, class_name = model.split(":")
 
-    def patch(module):
-        cls = getattr(module, class_name)
+    def patch(cls):
         forward, calls = cls.forward, iter(range(1 << 62))
 
         @functools.wraps(forward)
@@ -112,8 +166,12 @@ def _before_training_forward(model: str, at_call: int, fault: Callable) -> None:
             return forward(self, *args, **kwargs)
 
         cls.forward = faulty_forward
+        return cls
 
-    after_import(module_name, patch)
+    if module_name == "__main__":  # a class the script itself defines
+        after_binding(class_name, patch)
+    else:
+        after_import(module_name, lambda module: patch(getattr(module, class_name)))
 
 
 def loader_batch_size(batch_size: int) -> None:

@@ -51,3 +51,27 @@ def validate_every(steps: int) -> None:
         trainer_init(trainer, *args, **{**kwargs, "val_check_interval": steps})
 
     lightning.Trainer.__init__ = __init__
+
+
+def slow_evaluation_calls(model: str, delay_s: float) -> None:
+    """Every call of the model class `model` names ("module:Class") with grad off takes `delay_s` longer: an
+    evaluation costlier than the training steps (larger batches, generation)."""
+    import torch
+
+    from corpus_patches import after_import
+
+    module_name, class_name = model.split(":")
+
+    def patch(module):
+        cls = getattr(module, class_name)
+        forward = cls.forward
+
+        @functools.wraps(forward)
+        def slow_forward(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                time.sleep(delay_s)
+            return forward(*args, **kwargs)
+
+        cls.forward = slow_forward
+
+    after_import(module_name, patch)

@@ -31,8 +31,11 @@ Harness API (for any test folder: `from script_corpus import ...`):
         class holding the optimizer as an attribute, a model returning `(logits, loss)`, a callback after
         every iteration that samples from the model once in 500) on random words as input.txt; `config`
         overrides CHARGPT_CONFIG as minGPT's own `--section.key=value` arguments.
-    run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=..., ranks=1) -> ScriptRun
-        any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory).
+    run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=..., ranks=1, gpuprof_args=())
+        -> ScriptRun
+        any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory); `gpuprof_args`
+        go to `gpuprof run` (`--hang-timeout-s 10`). script_launch(...) is its command, environment and folders,
+        for a test that starts (and stops) the job itself.
 
 `patches` apply faults and slowdowns at run time, inside the script's process, before the script
 starts: each is `"module:function"` or `("module:function", {kwargs})`, the module importable from
@@ -107,6 +110,9 @@ SOURCES = {
         *EXAMPLES, ("distributed/ddp-tutorial-series/multigpu_torchrun.py",
                     "distributed/ddp-tutorial-series/datautils.py"),
         entry="distributed/ddp-tutorial-series/multigpu_torchrun.py"),
+    "hf_run_clm": Source(
+        "huggingface/transformers", "00d481d18f914b55e65faa31e82321629691eadb",
+        ("examples/pytorch/language-modeling/run_clm.py",), entry="examples/pytorch/language-modeling/run_clm.py"),
 }
 
 NANOGPT_VOCAB = 64
@@ -153,25 +159,42 @@ def materialize(name: str, workdir: Path) -> Path:
 
 
 def run_script(name: str, tmp_path: Path, script_args: list[str], patches=(), env: dict | None = None,
-               timeout_s: float = TIMEOUT_S, ranks: int = 1) -> ScriptRun:
-    """`gpuprof run --run-dir tmp_path/run SCRIPT ARGS` with `patches` applied, cwd tmp_path/work; under torchrun
-    (gloo on this host's CPU) with `ranks` > 1."""
+               timeout_s: float = TIMEOUT_S, ranks: int = 1, gpuprof_args=()) -> ScriptRun:
+    """`gpuprof run GPUPROF_ARGS --run-dir tmp_path/run SCRIPT ARGS` with `patches` applied, cwd tmp_path/work;
+    under torchrun (gloo on this host's CPU) with `ranks` > 1."""
+    launch = script_launch(name, tmp_path, script_args, patches, env, ranks, gpuprof_args)
+    done = subprocess.run(launch.command, capture_output=True, text=True, timeout=timeout_s, cwd=launch.workdir,
+                          env=launch.env)
+    run_dir, workdir = launch.run_dir, launch.workdir
+    result = ScriptRun(done.returncode, done.stdout, done.stderr, run_dir, workdir)
+    if (run_dir / "meta.json").exists() or any(run_dir.glob("*/meta.json")):
+        result.run = gpuprof.load_run(run_dir)
+    return result
+
+
+@dataclass(frozen=True)
+class ScriptLaunch:
+    command: list[str]
+    env: dict[str, str]
+    workdir: Path
+    run_dir: Path
+
+
+def script_launch(name: str, tmp_path: Path, script_args: list[str], patches=(), env: dict | None = None,
+                  ranks: int = 1, gpuprof_args=()) -> ScriptLaunch:
+    """What run_script runs, the source's files in place, for a test that starts the job itself (one that hangs)."""
     workdir = _workdir(tmp_path)
     script = materialize(name, workdir)
     run_dir = tmp_path / "run"
     python = torchrun(ranks) if ranks > 1 else [sys.executable]
     command = [*python, str(RUNNER), json.dumps([_patch_spec(patch) for patch in patches]),
-               "--run-dir", str(run_dir), str(script), *map(str, script_args)]
+               *map(str, gpuprof_args), "--run-dir", str(run_dir), str(script), *map(str, script_args)]
     # one torch thread: on a loaded machine of few cores OpenMP threads spinning against each other make a tiny
     # model's step many times slower (and its CPU time several times the step's own)
     child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                  "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                  "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "WANDB_MODE": "disabled", **(env or {})}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=workdir, env=child_env)
-    result = ScriptRun(done.returncode, done.stdout, done.stderr, run_dir, workdir)
-    if (run_dir / "meta.json").exists() or any(run_dir.glob("*/meta.json")):
-        result.run = gpuprof.load_run(run_dir)
-    return result
+    return ScriptLaunch(command, child_env, workdir, run_dir)
 
 
 def nonfinite_event(result: ScriptRun) -> dict:

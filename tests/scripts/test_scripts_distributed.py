@@ -4,6 +4,8 @@ rank's steps, and the run's figures counted per step, not per rank."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from script_corpus import CLM_LINES, run_accelerate_clm, run_lightning_transformer
 
@@ -55,7 +57,9 @@ def test_a_rank_whose_loader_is_slower_is_the_one_the_verdict_says_the_others_wa
     assert "most of it on rank 1" in data.title and data.evidence["data_share_pct_by_rank"][1] > 50
     verdict = report.verdict
     assert (verdict.bound, verdict.subject) == ("communication", "waiting for rank 1"), verdict.why
-    assert verdict.why.startswith("Rank 1 arrives last at the step's collective 2 in ")
+    # led by the host's load where this loaded machine gave the ranks too little of their cores
+    assert re.match(r"(These timings measure the host's other jobs too: .*?\. )?Rank 1 arrives last at the step's "
+                    r"collective 2 in ", verdict.why), verdict.why
     # rank 0's samples in its `other`, where it waits: the gather before the forward
     assert evidence["others_wait_at"][0] == "training_function (gradient_accumulation_for_autoregressive_models.py:231)"
     assert "; the others wait for it at training_function (gradient_accumulation_for_autoregressive_models.py:231)" in verdict.why

@@ -2,8 +2,11 @@
 
 Each system sample holds the whole host's CPU use (`host_cpu_pct`) and the run's own processes' there
 (`job_cpu_pct`: the rank's process and its DataLoader workers, or under torchrun every local rank), over
-the same window: the difference is what other processes took. A step is given the sample whose window
-holds the step's end. Read from the first rank's samples and steps (its host), measured steps only.
+the same window: the difference is what other processes took. On a saturated host of few cores that difference
+stops growing with the load (it cannot pass the cores the run leaves), so each sample also holds how long the
+loop's own thread waited for a core (`loop_cpu_wait_pct`, Linux's schedstat): of the time it wanted a CPU, the
+share the host did not give it. A step is given the sample whose window holds the step's end. Read from the first rank's samples and
+steps (its host), measured steps only.
 
 Another job on the machine slows a run only where the host has no core to spare: a loop waiting for a
 core is slow however its code is written, and no change to the code shows as a gain until the load goes.
@@ -25,10 +28,16 @@ SLOW_STEP_QUANTILE = 0.9  # the slowest tenth of the measured steps
 # saturated in this share of the samples: the run competed for its cores.
 CONTENDED_CORES = 0.5
 CONTENDED_SATURATED_PCT = 25.0
+# The loop's thread waiting for a core this share of the time it wanted one (median over the samples): the run
+# competed for its cores whatever the CPU figures say.
+CONTENDED_LOOP_WAIT_PCT = 20.0
+# Two runs whose loops got shares of the CPU they wanted this far apart (the larger over the smaller) saw different
+# loads: the load alone would make a CPU-bound step that much slower in one of them.
+DIFFERENT_LOAD_RATIO = 1.25
 # Fewer samples than this over the measured steps (a run of a second, sampled at 1 Hz) do not follow the load.
 MIN_FOLLOWED_SAMPLES = 3
 # The system columns the load is read from.
-COLUMNS = ("time_unix_s", "host_cpu_pct", "job_cpu_pct")
+COLUMNS = ("time_unix_s", "host_cpu_pct", "job_cpu_pct", "loop_cpu_wait_pct")
 
 
 @dataclass(frozen=True)
@@ -40,10 +49,18 @@ class HostLoad:
     slow_steps_other_cpu_cores: float | None  # median over the slowest tenth of the steps
     slow_steps_saturated_pct: float | None
     other_steps_other_cpu_cores: float | None  # median over the rest
+    loop_cpu_wait_pct: float | None = None  # median over the samples; None where the kernel keeps no schedstat
 
     @property
     def contended(self) -> bool:
+        if self.loop_cpu_wait_pct is not None and self.loop_cpu_wait_pct >= CONTENDED_LOOP_WAIT_PCT:
+            return True
         return self.other_cpu_cores >= CONTENDED_CORES and self.saturated_pct >= CONTENDED_SATURATED_PCT
+
+    @property
+    def loop_cpu_received_pct(self) -> float | None:
+        """Of the CPU time the loop wanted, the share it got."""
+        return None if self.loop_cpu_wait_pct is None else 100.0 - self.loop_cpu_wait_pct
 
     @property
     def followed(self) -> bool:
@@ -66,7 +83,8 @@ class HostLoad:
                 "other_cpu_cores": self.other_cpu_cores, "host_saturated_pct": self.saturated_pct,
                 "slow_steps_other_cpu_cores": self.slow_steps_other_cpu_cores,
                 "slow_steps_host_saturated_pct": self.slow_steps_saturated_pct,
-                "other_steps_other_cpu_cores": self.other_steps_other_cpu_cores}
+                "other_steps_other_cpu_cores": self.other_steps_other_cpu_cores,
+                "loop_cpu_wait_pct": self.loop_cpu_wait_pct}
 
 
 def other_cpu_samples(system: pd.DataFrame, cpu_count: int) -> pd.DataFrame:
@@ -78,6 +96,7 @@ def other_cpu_samples(system: pd.DataFrame, cpu_count: int) -> pd.DataFrame:
         "time_unix_s": column(system, "time_unix_s")[read],
         "other_cpu_cores": ((host_pct - own_pct)[read].clip(lower=0) * cpu_count / 100),
         "saturated": host_pct[read] >= SATURATED_HOST_CPU_PCT,
+        "loop_cpu_wait_pct": column(system, "loop_cpu_wait_pct")[read],
     })
     return samples.drop_duplicates("time_unix_s").sort_values("time_unix_s", ignore_index=True)
 
@@ -106,6 +125,7 @@ def host_load(steps: pd.DataFrame, system: pd.DataFrame, cpu_count: int | None, 
         slow_steps_other_cpu_cores=_median(per_step.loc[slow, "other_cpu_cores"]),
         slow_steps_saturated_pct=float(100 * per_step.loc[slow, "saturated"].astype(bool).mean()) if slow.any() else None,
         other_steps_other_cpu_cores=_median(per_step.loc[~slow, "other_cpu_cores"]),
+        loop_cpu_wait_pct=_median(measured["loop_cpu_wait_pct"].dropna()),
     )
 
 

@@ -16,11 +16,11 @@ import pandas as pd
 import psutil
 
 from gpuprof.run import query as q
-from gpuprof.run.schema import EventKind
+from gpuprof.run.schema import TERMINATED_ERROR, EventKind
 
 STALE_BEATS = 3
 HEARTBEAT_S = 5.0  # when meta.json does not say (a run recorded without the watchdog)
-OUTCOME_COLUMNS = ["rank", "status", "last_step", "last_seen_unix_s", "error", "traceback"]
+OUTCOME_COLUMNS = ["rank", "status", "last_step", "last_seen_unix_s", "error", "traceback", "raised_at"]
 HANG_COLUMNS = ["time_unix_s", "rank", "step", "message", "behind_ranks", "waiting_ranks", "desync", "ended",
                 "stacks"]
 ARRIVAL_COLUMNS = ["step", "last_rank", "lag_s", "collective", "ranks"]
@@ -28,7 +28,7 @@ ARRIVAL_COLUMNS = ["step", "last_rank", "lag_s", "collective", "ranks"]
 
 def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
     """One row per rank folder: its status (its meta.json's, else the run's), last recorded step, when it
-    was last seen, and the error and traceback of its `rank_failed` event. Ranks of the world with no
+    was last seen, and the error, traceback and the loop's line it was raised at of its `rank_failed` event. Ranks of the world with no
     folder are the summary's `missing_ranks`."""
     now_unix_s = time.time() if now_unix_s is None else now_unix_s
     last_step = _per_rank(run, "steps", q.maximum("step"))
@@ -48,8 +48,22 @@ def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
             status = "running" if beating and process_alive(run.rank_meta.get(rank) or {}) else "incomplete"
         failure = failed.get(rank, {})
         rows.append({"rank": rank, "status": status, "last_step": _int_or_none(last_step.get(rank)),
-                     "last_seen_unix_s": seen, "error": failure.get("error"), "traceback": failure.get("traceback")})
+                     "last_seen_unix_s": seen, "error": failure.get("error"), "traceback": failure.get("traceback"),
+                     "raised_at": failure.get("raised_at")})
     return pd.DataFrame(rows, columns=OUTCOME_COLUMNS)
+
+
+# What a collective raises on a rank whose peer died or left (gloo, NCCL, the c10d store): a consequence.
+PEER_FAILURE_MARKERS = ("reset by peer", "closed by peer", "Broken pipe", "DistNetworkError", "DistBackendError",
+                        "remote process exited", "communicator was aborted", "Connection refused")
+
+
+def raised_by_itself(error) -> bool:
+    """Whether a rank_failed `error` is the rank's own exception: not torchrun's SIGTERM, nor a collective failing
+    because a peer died."""
+    if not isinstance(error, str) or error == TERMINATED_ERROR:
+        return False
+    return not any(marker in error for marker in PEER_FAILURE_MARKERS)
 
 
 def never_finished(outcomes: pd.DataFrame) -> pd.DataFrame:
@@ -60,7 +74,8 @@ def outcome_text(row: dict) -> str:
     """How a rank that never finished ended, for people (a row of `rank_outcomes`)."""
     step = f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
     if row["status"] == "failed":
-        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'})"
+        where = f" at {row['raised_at']}" if row.get("raised_at") else ""
+        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'}{where})"
     return f"rank {row['rank']} stopped {step} with no traceback (killed outside Python: SIGKILL, the OOM killer)"
 
 

@@ -225,9 +225,10 @@ WHOLE_RUN_FIGURES = {
     "loss_first": q.first("loss"),
     "loss_last": q.last("loss"),
     "loss_steps": q.count("loss_finite"),  # steps that recorded a loss
-    "nonfinite_loss_steps": q.count_where(q.is_false("loss_finite")),
-    "nonfinite_grad_steps": q.count_where(q.is_false("grad_norm_finite")),
-    "skipped_steps": q.count_where(q.is_true("step_skipped")),
+    # steps, not rows: under torchrun every rank records each step
+    "nonfinite_loss_steps": q.steps_where(q.is_false("loss_finite")),
+    "nonfinite_grad_steps": q.steps_where(q.is_false("grad_norm_finite")),
+    "skipped_steps": q.steps_where(q.is_true("step_skipped")),
     "grad_norm_p50": q.quantile(q.finite_only("grad_norm"), 0.5),
     "grad_norm_max": q.maximum(q.finite_only("grad_norm")),
     "scaler_scale_last": q.last("scaler_scale"),
@@ -257,14 +258,15 @@ def phase_split_pct(figures: dict) -> dict:
 
 
 def evaluation_figures(eval_times: pd.Series, measured_times: pd.Series) -> dict:
-    """How often the loop evaluated (one step in `every_steps`), how long each took (a step's evaluation is its
-    slowest rank's, as its time is) and its share of the run's time (training and evaluation); empty when no
-    step evaluated."""
+    """How often the loop evaluated (`every_steps`: the median spacing of the evaluating steps, None for one
+    evaluation), how long each took (a step's evaluation is its slowest rank's, as its time is) and its share of
+    the run's time (training and evaluation); empty when no step evaluated. `eval_times` is indexed by step."""
     total_s, run_s = float(eval_times.sum()), float(measured_times.sum())
     if not total_s:
         return {}
     evaluations = len(eval_times)
-    return {"steps_with_eval": evaluations, "every_steps": len(measured_times) / evaluations,
+    spacing = np.diff(np.sort(eval_times.index.to_numpy(dtype=float)))
+    return {"steps_with_eval": evaluations, "every_steps": float(np.median(spacing)) if len(spacing) else None,
             "mean_s": total_s / evaluations, "total_s": total_s, "share_pct": 100 * total_s / run_s if run_s else None}
 
 

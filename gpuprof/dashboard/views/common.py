@@ -96,7 +96,7 @@ def show_verdict(verdict) -> None:
 
 
 def show_findings(findings: list, empty: str = "No problems found by the diagnosis rules.") -> None:
-    """Diagnoses, most severe first: title always visible; evidence and fix one click away. `empty`: what
+    """Diagnoses, worth the most first: title always visible; evidence and fix one click away. `empty`: what
     to say when there are none."""
     if not findings:
         st.success(empty)

@@ -25,6 +25,10 @@ LOADER_PREFETCH_FACTOR = 2
 UNEVEN_FACTOR = 2.0  # a rank waiting this many times the median rank's share is named
 EVIDENCE_RANKS = 10
 PIN_MEMORY_FIX = " The loader does not pin memory: pin_memory=True lets each batch's copy to the GPU run asynchronously."
+# A Hugging Face Trainer builds its DataLoader from its TrainingArguments (the run's config holds them).
+TRAINER_LOADER_ARGUMENTS = (" (the Trainer builds it: TrainingArguments(dataloader_num_workers=4, "
+                            "dataloader_persistent_workers=True, dataloader_prefetch_factor=2), "
+                            "--dataloader_num_workers=4 where the script parses them)")
 
 
 def fix_for(num_workers, flags: str = "") -> str:
@@ -52,6 +56,11 @@ def fix_without_loader(site: str | None, on_gpu: bool) -> str:
         "DataLoader(dataset, num_workers=..., pin_memory=True, persistent_workers=True); make each batch "
         f"cheaper (memory-map the data, tokenize offline).{device}"
     )
+
+
+def loader_arguments(ctx) -> str:
+    """Where the loop's DataLoader is built from a Hugging Face Trainer's TrainingArguments, their names."""
+    return TRAINER_LOADER_ARGUMENTS if ctx.config_value("dataloader_num_workers") is not None else ""
 
 
 def num_workers(ctx):
@@ -84,7 +93,7 @@ def dataloader_bound(ctx):
     loader = ctx.loop("loader")
     site = ctx.top_site("data")
     if loader or workers is not None or ctx.bare_trace:  # a trace's data time is its DataLoader's
-        fix = fix_for(workers, ctx.workload_flags("--num-workers"))
+        fix = fix_for(workers, ctx.workload_flags("--num-workers") or loader_arguments(ctx))
         fix += PIN_MEMORY_FIX if ctx.on_gpu and loader.get("pin_memory") is False else ""
     else:
         fix = fix_without_loader(site, ctx.on_gpu)

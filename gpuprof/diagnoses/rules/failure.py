@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
-from gpuprof.analysis.run.ranks import never_finished, outcome_text
+from gpuprof.analysis.run.ranks import never_finished, outcome_text, raised_by_itself
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
@@ -44,21 +42,43 @@ def ranks_never_finished(ctx):
     if stopped.empty:
         return None
     # A rank that raised stopped by itself; the others it left waiting may have recorded their last step earlier.
-    raised = stopped["error"].notna() if "error" in stopped else pd.Series(False, index=stopped.index)
+    # A rank stopped by torchrun, or raising because a peer's connection broke, stopped because another did.
+    raised = stopped["error"].map(raised_by_itself)
     first = stopped.assign(raised=raised).sort_values(["raised", "last_seen_unix_s"], ascending=[False, True],
                                                       na_position="first").iloc[0]
     described = [outcome_text(row) for row in stopped.head(EVIDENCE_RANKS).to_dict(orient="records")]
+    alone = len(table) == 1
+    title = (f"The script raised {first['error']}{_at(first)}, {_after(first)}" if alone and first["raised"]
+             else f"{len(stopped)} of {len(table)} ranks never finished: " + "; ".join(described[:4]))
     return Finding(
         rule="ranks-never-finished",
         severity="critical",
-        title=f"{len(stopped)} of {len(table)} ranks never finished: " + "; ".join(described[:4]),
+        title=title,
         evidence={
             "ranks": [int(rank) for rank in stopped["rank"]][:EVIDENCE_RANKS],
             "status_by_rank": {int(r): s for r, s in zip(stopped["rank"], stopped["status"])},
             "last_step_by_rank": {int(r): s for r, s in zip(stopped["rank"], stopped["last_step"])},
             "first_to_stop": int(first["rank"]),
+            "raised": bool(first["raised"]),
+            "error": first["error"], "raised_at": first["raised_at"],
         },
-        fix=(f"Start from rank {int(first['rank'])}, the first to stop: its traceback (rank_failed event) where Python "
-             "saw the failure; without one the process was killed outside Python (the kernel's OOM killer: "
-             "`dmesg`, or a SIGKILL), and the ranks after it were stopped by torchrun."),
+        fix=_failure_fix(first, alone),
     )
+
+
+def _at(row) -> str:
+    return f" at {row['raised_at']}" if row["raised_at"] else ""
+
+
+def _after(row) -> str:
+    return f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
+
+
+def _failure_fix(first, alone: bool) -> str:
+    """Where to start: the line that raised, when Python saw the failure; else how a process dies unseen."""
+    who = "the script" if alone else f"rank {int(first['rank'])} (the first to stop)"
+    if first["raised"]:
+        return (f"Start from {who} where it raised {first['error']}{_at(first)}: its traceback (the rank_failed "
+                "event, or the script's own output) shows the call that failed.")
+    return (f"Start from {who}: it left no traceback, so the process was killed outside Python (the kernel's OOM "
+            "killer: `dmesg`, or a SIGKILL), and the ranks after it were stopped by torchrun.")

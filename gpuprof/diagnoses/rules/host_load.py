@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.host_load import CONTENDED_CORES, CONTENDED_SATURATED_PCT
+from gpuprof.analysis.run.host_load import CONTENDED_CORES, CONTENDED_LOOP_WAIT_PCT, CONTENDED_SATURATED_PCT
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
@@ -22,8 +22,14 @@ def host_contention(ctx):
         rule="host-contention",
         severity="warning",
         title=(f"Other processes held {load.other_cpu_cores:.1f} of the host's {load.cpu_count} CPUs while "
-               f"this run trained (host saturated in {load.saturated_pct:.0f} % of the samples)"),
+               f"this run trained (host saturated in {load.saturated_pct:.0f} % of the samples{_waited(load)})"),
         evidence={**load.to_dict(), "threshold_other_cpu_cores": CONTENDED_CORES,
-                  "threshold_saturated_pct": CONTENDED_SATURATED_PCT},
+                  "threshold_saturated_pct": CONTENDED_SATURATED_PCT, "threshold_loop_cpu_wait_pct": CONTENDED_LOOP_WAIT_PCT},
         fix=CONTENTION_FIX,
     )
+
+
+def _waited(load) -> str:
+    if load.loop_cpu_wait_pct is None:
+        return ""
+    return f"; the loop waited for a core {load.loop_cpu_wait_pct:.0f} % of the time it wanted one"
