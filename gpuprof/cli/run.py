@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -38,11 +39,15 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuprof.integrations.script import run_script
+    from gpuprof.run.schema import RUN_META
 
     given = {"sample_interval_s": args.sample_interval, "hang_timeout_s": args.hang_timeout_s}
     options = {name: value for name, value in given.items() if value is not None}
-    return run_script(args.script, args.script_args, args.run_dir or default_run_dir(args.script), knobs=args.knob,
-                      max_steps=args.max_steps, **options)
+    run_dir = args.run_dir or default_run_dir(args.script)
+    code = run_script(args.script, args.script_args, run_dir, knobs=args.knob, max_steps=args.max_steps, **options)
+    if os.environ.get("RANK", "0") == "0" and (Path(run_dir) / RUN_META).is_file():
+        print(f"gpuprof run: recorded in {run_dir}; next: gpuprof analyze {run_dir}", file=sys.stderr)
+    return code
 
 
 def seconds(text: str) -> float:

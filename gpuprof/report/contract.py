@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from gpuprof.analysis.run.host_load import CONTENDED_CORES, DIFFERENT_LOAD_RATIO, HostLoad
+from gpuprof.analysis.run.host_load import CONTENDED_CORES, DIFFERENT_LOAD_POINTS, DIFFERENT_LOAD_RATIO, HostLoad
 from gpuprof.report.format import MISSING, device_label, figure
 
 
@@ -104,10 +104,21 @@ def host_load_difference(load_a: HostLoad | None, load_b: HostLoad | None) -> Di
 
 
 def _loads_differ(load_a: HostLoad, load_b: HostLoad) -> bool:
-    received = sorted((load_a.loop_cpu_received_pct, load_b.loop_cpu_received_pct), key=lambda pct: pct or 0.0)
-    if None not in received and received[1] >= DIFFERENT_LOAD_RATIO * max(received[0], 1.0):
-        return True
+    """By the shares of the CPU the loops got where both were read (what the load did to them), else by the cores
+    other processes held."""
+    received = (load_a.loop_cpu_received_pct, load_b.loop_cpu_received_pct)
+    if None not in received:
+        low, high = sorted(received)
+        return high >= DIFFERENT_LOAD_RATIO * max(low, 1.0) and high - low >= DIFFERENT_LOAD_POINTS
     return abs(load_a.other_cpu_cores - load_b.other_cpu_cores) >= CONTENDED_CORES
+
+
+def load_slowdown(load_a: HostLoad, load_b: HostLoad) -> float | None:
+    """How much slower B's host alone could make a CPU-bound step than A's: A's loop's share of the CPU it wanted
+    over B's (below 1: B's host gave more); None where a share was not read."""
+    if load_a.loop_cpu_received_pct is None or load_b.loop_cpu_received_pct is None:
+        return None
+    return max(load_a.loop_cpu_received_pct, 1.0) / max(load_b.loop_cpu_received_pct, 1.0)
 
 
 def busier(load_a: HostLoad, load_b: HostLoad) -> bool:

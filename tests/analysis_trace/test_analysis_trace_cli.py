@@ -1,8 +1,10 @@
 """`gpuprof trace`: terminal report, --json document, and one-line errors with exit code 2."""
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +52,13 @@ def test_bad_trace_is_one_line_and_exit_code_2(tmp_path, content):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("gpuprof trace: error:")
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_a_gpuprof_run_given_to_trace_points_to_analyze(tmp_path, capsys):
+    """A real recorded run (the sample one) is no torch.profiler trace: the one line says which command reads it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "sample_runs" / "baseline", run_dir)
+    assert main(["trace", str(run_dir)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"gpuprof trace: error: {run_dir} is a gpuprof run, not a torch.profiler trace: `gpuprof analyze "
+                    f"{run_dir}` reports it, and its trace windows are the folders under {run_dir / 'traces'}")

@@ -78,6 +78,7 @@ def test_the_same_loop_run_twice_is_not_a_regression(runs, capsys):
     code, document = gate(capsys, runs / "same", runs / "again")
     assert code != 3, document["conclusion"]
     assert code == 0 or document["gate"]["steps_needed"] > document["a"]["measured_steps"], document["gate"]
+    assert "host load" not in [difference["term"] for difference in document["contract"]["differences"]]  # side by side
     assert document["contract"]["comparable"] and document["numerics"]["text"] == "numerics unchanged"
     step_time = document["figures"][0]
     assert step_time["name"] == "Step time, mean" and step_time["change"]["low"] <= 1.05

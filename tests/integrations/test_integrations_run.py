@@ -107,13 +107,14 @@ def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
     assert done.returncode == 1
     assert "RuntimeError: failing on purpose at step 3" in done.stderr
     assert "gpuprof/integrations" not in done.stderr  # the traceback Python would print
+    assert done.stderr.splitlines()[-1] == f"gpuprof run: recorded in {tmp_path / 'run'}; next: gpuprof analyze {tmp_path / 'run'}"
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["status"] == "failed"
     assert run.steps["step"].tolist() == [0, 1, 2]
     # an exception, named with the script's own line: not a hang, not a dead rank
     verdict = build_report(tmp_path / "run").verdict
     assert verdict.headline == "Stopped by an exception (RuntimeError)"
-    assert re.fullmatch(r"The script raised RuntimeError: failing on purpose at step 3 at \S+ \(tiny_gpt2\.py:\d+\), "
+    assert re.match(r"The script raised RuntimeError: failing on purpose at step 3 at \S+ \(tiny_gpt2\.py:\d+\), "
                         r"after step 2\.", verdict.why), verdict.why
     assert verdict.next_step.startswith("Start from the script where it raised RuntimeError") and "dmesg" not in verdict.next_step
 

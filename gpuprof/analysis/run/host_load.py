@@ -31,9 +31,12 @@ CONTENDED_SATURATED_PCT = 25.0
 # The loop's thread waiting for a core this share of the time it wanted one (median over the samples): the run
 # competed for its cores whatever the CPU figures say.
 CONTENDED_LOOP_WAIT_PCT = 20.0
-# Two runs whose loops got shares of the CPU they wanted this far apart (the larger over the smaller) saw different
-# loads: the load alone would make a CPU-bound step that much slower in one of them.
-DIFFERENT_LOAD_RATIO = 1.25
+# Two runs whose loops got shares of the CPU they wanted this far apart (the larger over the smaller, and by this
+# many points) saw different loads: the load alone would make a CPU-bound step that much slower in one of them.
+# Both, as two runs recorded side by side on a saturated host read shares of a few percent that differ by a
+# large ratio and no more than that.
+DIFFERENT_LOAD_RATIO = 1.5
+DIFFERENT_LOAD_POINTS = 15.0
 # Fewer samples than this over the measured steps (a run of a second, sampled at 1 Hz) do not follow the load.
 MIN_FOLLOWED_SAMPLES = 3
 # The system columns the load is read from.

@@ -30,6 +30,7 @@ import pandas as pd
 from gpuprof.analysis.trace.classify import DEVICE_KINDS, event_kinds, kernel_types
 from gpuprof.analysis.trace.jsonstream import decode_trace
 from gpuprof.errors import TraceFormatError
+from gpuprof.run.schema import RUN_META
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 MAX_TIME_US = 1e17  # about 3,000 years: anything larger is not a timestamp
@@ -125,6 +126,9 @@ def trace_files(path) -> list[Path]:
         files = [Path(p) for p in path]
     else:
         path = Path(path)
+        if (path / RUN_META).is_file():
+            raise TraceFormatError(f"{path} is a gpuprof run, not a torch.profiler trace: `gpuprof analyze {path}` "
+                                   f"reports it, and its trace windows are the folders under {path / 'traces'}")
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
             if not files:
