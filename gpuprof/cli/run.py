@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     options = {name: value for name, value in given.items() if value is not None}
     run_dir = args.run_dir or default_run_dir(args.script)
     code = run_script(args.script, args.script_args, run_dir, knobs=args.knob, max_steps=args.max_steps, **options)
-    if os.environ.get("RANK", "0") == "0" and (Path(run_dir) / RUN_META).is_file():
+    # not after a failure: the script's traceback stays the last thing printed, as Python leaves it
+    if code == 0 and os.environ.get("RANK", "0") == "0" and (Path(run_dir) / RUN_META).is_file():
         print(f"gpuprof run: recorded in {run_dir}; next: gpuprof analyze {run_dir}", file=sys.stderr)
     return code
 

@@ -5,7 +5,6 @@ parity, one conclusion line, and the CI gate's decision. Method: docs/compare.md
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +16,7 @@ from gpuprof.errors import GpuprofError
 from gpuprof.report import gate
 from gpuprof.report.build import Report
 from gpuprof.report.contract import (HOST_LOAD, TERMS, Difference, busier, differences, host_load_caution,
-                                     host_load_difference, load_slowdown)
+                                     host_load_difference)
 from gpuprof.report.format import MISSING, ci_text, figure_text, fmt_interval, fmt_ratio_interval
 from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate
 from gpuprof.run.jsonable import json_safe
@@ -292,18 +291,14 @@ class Comparison:
         return next((difference for difference in self.differences if difference.term == HOST_LOAD), None)
 
     @property
-    def load_slowdown(self) -> float | None:
-        """The most B's host alone could slow its CPU-bound steps against A's (the largest over A's runs; 1 or less
-        where B's host took no more from its loop): load slows a run, it never speeds one. From the loops' waits
-        for a core, else 1 or infinity by which host other processes took more of; None without host readings."""
+    def b_host_no_busier(self) -> bool:
+        """Whether B's host took no more from its loop than every run of A's did: load slows a run, it never
+        speeds one, so B measured slower there is slower for its own reasons."""
         loads = [report.host_load for report in (*self.a_side.reports, self.b)]
         if any(load is None for load in loads):
-            return None
+            return False
         *a_loads, b_load = loads
-        factors = [load_slowdown(a_load, b_load) for a_load in a_loads]
-        if None in factors:
-            return math.inf if any(busier(a_load, b_load) for a_load in a_loads) else 1.0
-        return max(factors)
+        return not any(busier(a_load, b_load) for a_load in a_loads)
 
     @property
     def slowdown(self) -> stats.Interval | float | None:

@@ -113,14 +113,6 @@ def _loads_differ(load_a: HostLoad, load_b: HostLoad) -> bool:
     return abs(load_a.other_cpu_cores - load_b.other_cpu_cores) >= CONTENDED_CORES
 
 
-def load_slowdown(load_a: HostLoad, load_b: HostLoad) -> float | None:
-    """How much slower B's host alone could make a CPU-bound step than A's: A's loop's share of the CPU it wanted
-    over B's (below 1: B's host gave more); None where a share was not read."""
-    if load_a.loop_cpu_received_pct is None or load_b.loop_cpu_received_pct is None:
-        return None
-    return max(load_a.loop_cpu_received_pct, 1.0) / max(load_b.loop_cpu_received_pct, 1.0)
-
-
 def busier(load_a: HostLoad, load_b: HostLoad) -> bool:
     """Whether B's host took more from its loop than A's did: by the loops' waits for a core where both were
     read, else by the cores other processes held."""

@@ -107,7 +107,7 @@ def test_a_failing_script_keeps_its_steps_and_its_exit_code(tmp_path):
     assert done.returncode == 1
     assert "RuntimeError: failing on purpose at step 3" in done.stderr
     assert "gpuprof/integrations" not in done.stderr  # the traceback Python would print
-    assert done.stderr.splitlines()[-1] == f"gpuprof run: recorded in {tmp_path / 'run'}; next: gpuprof analyze {tmp_path / 'run'}"
+    assert "gpuprof run: recorded in" not in done.stderr  # the traceback is the last thing printed
     run = gpuprof.load_run(tmp_path / "run")
     assert run.meta["status"] == "failed"
     assert run.steps["step"].tolist() == [0, 1, 2]

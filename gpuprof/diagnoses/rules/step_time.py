@@ -39,7 +39,9 @@ def step_time_variance(ctx):
     gain_pct = max(0.0, 100 * (1 - p50_s / summary.step_time_mean_s))
     if load is not None and load.slow_steps_contended:
         title += f"; the slowest steps ran while other processes held {load.slow_steps_excess_cores:.1f} more CPUs"
-    if load is not None and (load.slow_steps_contended or load.contended):
+    # the host made the spread where its load rose in the slow steps, or where it was busy throughout and the
+    # slow steps show nothing of the loop's own (no line of it holds their extra time)
+    if load is not None and (load.slow_steps_contended or (load.contended and not profile.sites)):
         title += "; the spread comes from the host's other jobs as much as from the loop, so no gain is claimed"
         fix = f"{CONTENTION_FIX} Then, if steps are still erratic: {fix[0].lower()}{fix[1:]}"
         gain_pct = None
