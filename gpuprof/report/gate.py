@@ -57,15 +57,15 @@ def decide(comparison, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -
                     f"{stats.MIN_STEPS} after warm-up in each run)", stats.MIN_STEPS)
     limit = f"the {max_regression_pct:g} % threshold"
     speed = speed_text(slowdown)
-    if slowdown.low > threshold and comparison.host_load is None:
-        return Gate(Exit.REGRESSION, "regression", f"{speed}: past {limit}")
-    # a loop's share of the CPU understates what load costs it (its other threads wait too, caches go cold): only
-    # a B whose host took no more from its loop is slower for its own reasons
-    if comparison.host_load is not None and comparison.b_host_no_busier and slowdown.low > threshold:
-        return Gate(Exit.REGRESSION, "regression", f"{speed}: past {limit}, on a host that took no more from its "
-                    "loop than A's did (load slows a run, it never speeds one)")
     if comparison.host_load is not None:
+        # a loop's share of the CPU understates what load costs it (its other threads wait too, caches go cold):
+        # only a B whose host took no more from its loop is slower for its own reasons
+        if comparison.b_host_no_busier and slowdown.low > threshold:
+            return Gate(Exit.REGRESSION, "regression", f"{speed}: past {limit}, on a host that took no more from "
+                        "its loop than A's did (load slows a run, it never speeds one)")
         return Gate(Exit.TOO_NOISY, "too noisy", f"{speed}, {host_load_caution(comparison.host_load)}")
+    if slowdown.low > threshold:
+        return Gate(Exit.REGRESSION, "regression", f"{speed}: past {limit}")
     if slowdown.high <= threshold:
         return Gate(Exit.PASS, "pass", f"{speed}: within {limit}")
     distance = abs(threshold - slowdown.point)
@@ -75,4 +75,3 @@ def decide(comparison, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -
             else "B's slowdown sits on the threshold: no number of steps would tell")
     return Gate(Exit.TOO_NOISY, "too noisy",
                 f"B/A step time {fmt_ratio_interval(slowdown)} straddles {limit}; {more}", needed)
-

@@ -34,6 +34,8 @@ from gpuprof.run.jsonable import json_safe
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
 BOUND_MIN_SHARE_PCT = 15.0
 STRAGGLER_RULES = ("late-arrival", "rank-straggler")  # a rank the others wait for
+# The bounds of a run that stopped or whose values went non-finite: that is its news, not its speed.
+STOPPED_BOUNDS = ("failure", "numerics")
 # Categories of the trace's step breakdown (gpuprof.analysis.trace.steps) behind each bound; host
 # ops (`cpu_exec`) are compute in a CPU-only trace and host work beside a device's kernels.
 TRACE_COLUMNS = {
@@ -119,7 +121,7 @@ class Verdict:
     def severity(self) -> str:
         """How loudly to show it: critical when the run stopped or its numbers went non-finite; a warning when
         a signal is missing or memory bounds the step; else info (a speed to gain)."""
-        if self.bound in ("failure", "numerics"):
+        if self.bound in STOPPED_BOUNDS:
             return "critical"
         return "warning" if self.bound in (None, "memory") else "info"
 
@@ -137,8 +139,7 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
     if contention is not None:
         # what the timings mean comes first where they are the verdict; a run that stopped or went non-finite leads
         # with that
-        stopped = verdict.bound in ("failure", "numerics")
-        why = (f"{verdict.why} {contention.title}: its times include their load." if stopped
+        why = (f"{verdict.why} {contention.title}: its times include their load." if verdict.bound in STOPPED_BOUNDS
                else f"{contention_lead(contention)} {verdict.why}")
         verdict = replace(verdict, why=why)
     if not summary.evaluation:
@@ -339,7 +340,7 @@ def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
     finding about it (one below its rule's threshold: a small share)."""
     actionable = [f for f in findings if f.rule not in ABOUT_MEASURING]
     worth = [f for f in actionable if f.worth_pct > 0]
-    if worth and bound not in ("failure", "numerics"):
+    if worth and bound not in STOPPED_BOUNDS:
         return fix_of(max(worth, key=lambda f: (f.worth_pct, f.category == bound)))
     about = [f for f in actionable if f.category == bound and (f.est_gain_pct is None or f.worth_pct > 0)]
     warning = next((f for f in about if f.severity != "info"), None)

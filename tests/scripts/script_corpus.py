@@ -197,15 +197,20 @@ def script_launch(name: str, tmp_path: Path, script_args: list[str], patches=(),
     return ScriptLaunch(command, child_env, workdir, run_dir)
 
 
+def finished(result: ScriptRun) -> ScriptRun:
+    """`result`, checked to have ended as a script that ran well does (exit 0; else the end of its stderr)."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def nonfinite_event(result: ScriptRun) -> dict:
     """The one `nonfinite` event of a script that ran to its end."""
-    assert result.returncode == 0, result.stderr[-3000:]
-    [event] = events(result.run_dir, "nonfinite")
+    [event] = events(finished(result).run_dir, "nonfinite")
     return event
 
 
 def assert_recorded(result: ScriptRun, steps: int):
-    assert result.returncode == 0, result.stderr[-3000:]
+    finished(result)
     assert result.run is not None and result.run.meta["status"] == "finished"
     assert len(result.run.steps) == steps
     assert np.isfinite(result.run.steps["grad_norm"]).all()

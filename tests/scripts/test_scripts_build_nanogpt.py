@@ -17,7 +17,7 @@ from corpus_build_nanogpt import (EVAL_EVERY, HELLASWAG_EXAMPLES, SHRINK, grad_a
                                   run_build_nanogpt, slow_disk_library)
 from numerics.numerics_helpers import events
 from processes import events_on_disk, stop, wait_for
-from script_corpus import assert_recorded, script_launch
+from script_corpus import assert_recorded, finished, script_launch
 
 from gpuprof.report import build_report
 
@@ -84,9 +84,9 @@ def test_slow_shard_reads_are_input_in_its_own_next_batch(tmp_path, monkeypatch)
     DataLoaderLite.next_batch, whose calls feed the model."""
     delay_s = 0.15
     monkeypatch.setenv("PYTHONPATH", str(slow_disk_library(tmp_path / "lib")))
-    result = run_build_nanogpt(tmp_path, train_shard_tokens=BATCH_TOKENS + 1,
-                               patches=[("slow_disk:slow_numpy_load", {"delay_s": delay_s, "files": "train"})])
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = finished(run_build_nanogpt(
+        tmp_path, train_shard_tokens=BATCH_TOKENS + 1,
+        patches=[("slow_disk:slow_numpy_load", {"delay_s": delay_s, "files": "train"})]))
     report = build_report(result.run.path)
     script = str(result.workdir / "train_gpt2.py")
     assert report.meta["phase_sources"] == [{"role": "data", "function": "DataLoaderLite.next_batch", "file": script,
@@ -125,8 +125,7 @@ def test_under_torchrun_every_rank_records_each_step_and_its_own_loss(tmp_path):
     """Two gloo ranks: 2 micro-batches a step each, the gradients all-reduced at the second; it prints the ranks'
     mean loss (`dist.all_reduce(loss_accum, op=AVG)`), gpuprof records each rank's own. Its evaluations, on both
     ranks, are counted once each."""
-    result = run_build_nanogpt(tmp_path, ranks=RANKS)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = finished(run_build_nanogpt(tmp_path, ranks=RANKS))
     run = result.run
     assert run.meta["world_size"] == RANKS and run.meta["model"]["wrapper"] == "DistributedDataParallel"
     steps = run.steps

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from script_corpus import CLM_LINES, run_accelerate_clm, run_lightning_transformer
+from script_corpus import CLM_LINES, finished, run_accelerate_clm, run_lightning_transformer
 
 from gpuprof.report import build_report
 
@@ -19,9 +19,7 @@ STEPS = 3 * CLM_LINES // 2 // RANKS  # 3 epochs, 2 lines a batch, the lines spli
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    result = run_accelerate_clm(tmp_path_factory.mktemp("accelerate-ddp"), ranks=RANKS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return finished(run_accelerate_clm(tmp_path_factory.mktemp("accelerate-ddp"), ranks=RANKS))
 
 
 def test_every_rank_records_each_step_under_ddp(two_ranks):
@@ -45,9 +43,8 @@ def test_a_rank_whose_loader_is_slower_is_the_one_the_verdict_says_the_others_wa
     logging after the update), in `other`, not in DDP's all-reduce: rank 1 is named by its arrivals, with its
     data phase, and bounds the verdict (before, the verdict was host work, 49 %)."""
     delay_s = 0.15
-    result = run_accelerate_clm(tmp_path, ranks=RANKS,
-                                patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": delay_s, "on_rank": 1})])
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = finished(run_accelerate_clm(
+        tmp_path, ranks=RANKS, patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": delay_s, "on_rank": 1})]))
     report = build_report(result.run.path)
     [late] = [finding for finding in report.findings if finding.rule == "late-arrival"]
     evidence = late.evidence
@@ -70,11 +67,10 @@ def test_under_lightnings_ddp_strategy_a_rank_whose_loader_is_slower_is_named(tm
     wraps gets gpuprof's arrivals through the callback, so rank 1, whose batches take 0.3 s longer, is the one
     the verdict says the others wait for (at DDP's all-reduce, inside their backward)."""
     delay_s = 0.3
-    result = run_lightning_transformer(
+    result = finished(run_lightning_transformer(
         tmp_path, max_steps=8, ranks=RANKS, devices=RANKS,
         patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": delay_s, "on_rank": 1}),
-                 ("corpus_patches:loader_batch_size", {"batch_size": 2})])
-    assert result.returncode == 0, result.stderr[-3000:]
+                 ("corpus_patches:loader_batch_size", {"batch_size": 2})]))
     report = build_report(result.run.path)
     assert report.meta["process_group"] and report.meta["distributed"]["arrivals"]
     [late] = [finding for finding in report.findings if finding.rule == "late-arrival"]
@@ -85,10 +81,9 @@ def test_under_lightnings_ddp_strategy_a_rank_whose_loader_is_slower_is_named(tm
 def test_lightning_under_torchrun_without_devices_trains_each_rank_alone_and_says_so(tmp_path):
     """Without `devices=2` Lightning runs each torchrun process on its own: no process group, so no rank waits
     for another. gpuprof says so, names no straggler, and asks for no trace window to measure communication."""
-    result = run_lightning_transformer(
+    result = finished(run_lightning_transformer(
         tmp_path, max_steps=6, ranks=RANKS,
-        patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": 0.3, "on_rank": 1})])
-    assert result.returncode == 0, result.stderr[-3000:]
+        patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": 0.3, "on_rank": 1})]))
     report = build_report(result.run.path)
     assert report.meta["process_group"] is False and sorted(report.run.steps["rank"].unique()) == [0, 1]
     rules = {finding.rule for finding in report.findings}

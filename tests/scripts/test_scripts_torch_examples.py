@@ -15,7 +15,7 @@ import pytest
 from corpus_torch_examples import (DDP_BATCH, DDP_EPOCHS, FSDP2_ITERATIONS, FSDP2_MODEL, FSDP2_TOKENS, RANKS,
                                    ddp_tutorial_steps_per_epoch, run_ddp_tutorial, run_fsdp2_example)
 from processes import hang_events_of_every_rank, stop, wait_for
-from script_corpus import script_launch
+from script_corpus import finished, script_launch
 
 from gpuprof.report import build_report
 
@@ -48,9 +48,7 @@ def recording(tmp_path: Path) -> list:
 @pytest.fixture(scope="module")
 def fsdp2(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("fsdp2")
-    result = run_fsdp2_example(tmp_path, patches=recording(tmp_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return finished(run_fsdp2_example(tmp_path, patches=recording(tmp_path)))
 
 
 def test_fsdp2_every_rank_records_its_ten_iterations_with_the_loss_it_backpropagates(fsdp2):
@@ -88,8 +86,8 @@ def test_fsdp2_rank_slow_drawing_its_batch_is_named_and_the_others_wait_in_their
     """Rank 1's torch.randint (the example's data) takes 0.3 s longer: its data phase holds it, rank 0 waits for it
     in the root's all-gather, which FSDP2 makes in a forward pre-hook: forward, not data."""
     delay_s = 0.3
-    result = run_fsdp2_example(tmp_path, patches=[(f"{PATCHES}:slow_random_batch", {"delay_s": delay_s, "on_rank": 1})])
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = finished(run_fsdp2_example(
+        tmp_path, patches=[(f"{PATCHES}:slow_random_batch", {"delay_s": delay_s, "on_rank": 1})]))
     steps = result.run.steps[result.run.steps["step"] > 0]  # step 0's data is not seen
     slow, waiting = steps[steps["rank"] == 1], steps[steps["rank"] == 0]
     assert (slow["data_time_s"] >= delay_s).all() and (waiting["data_time_s"] < delay_s / 3).all()
@@ -105,9 +103,7 @@ def fsdp2_lr_spike(tmp_path_factory):
     """Adam's lr set to 1e30 before iteration 3's forward: that update throws the weights out, and from iteration 4
     on the loss is not finite, on both ranks (the same batch: both seed 0)."""
     spike = ("corpus_patches:lr_spike", {"model": FSDP2_MODEL, "at_call": 3, "lr": 1e30})
-    result = run_fsdp2_example(tmp_path_factory.mktemp("fsdp2-lr-spike"), patches=[spike])
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return finished(run_fsdp2_example(tmp_path_factory.mktemp("fsdp2-lr-spike"), patches=[spike]))
 
 
 def test_fsdp2_lr_spike_is_blamed_at_the_next_step_on_every_rank(fsdp2_lr_spike):
@@ -147,9 +143,7 @@ def test_fsdp2_rank_stuck_drawing_its_batch_is_named_with_its_stack_and_step_whi
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("ddp-tutorial")
-    result = run_ddp_tutorial(tmp_path, patches=recording(tmp_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return finished(run_ddp_tutorial(tmp_path, patches=recording(tmp_path)))
 
 
 def test_ddp_tutorial_every_rank_records_each_batch_of_each_epoch_with_its_loss(ddp):
@@ -178,9 +172,9 @@ def test_ddp_tutorial_rank_slow_in_its_loader_is_the_one_the_verdict_says_the_ot
     """Rank 1's batches take 0.3 s longer (one epoch of 4 batches of 256): rank 0 waits for it in DDP's all-reduce,
     inside its backward, and the verdict names rank 1 as the one every rank waits for."""
     delay_s = 0.3
-    result = run_ddp_tutorial(tmp_path, epochs=1, batch_size=256,
-                              patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": delay_s, "on_rank": 1})])
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = finished(run_ddp_tutorial(
+        tmp_path, epochs=1, batch_size=256,
+        patches=[("phase_patches:slow_dataloader_fetch", {"delay_s": delay_s, "on_rank": 1})]))
     steps = result.run.steps[result.run.steps["step"] > 0]
     slow, waiting = steps[steps["rank"] == 1], steps[steps["rank"] == 0]
     assert (slow["data_time_s"] >= delay_s).all() and (waiting["data_time_s"] < delay_s / 3).all()
@@ -196,9 +190,8 @@ def test_ddp_tutorial_rank_slow_in_its_loader_is_the_one_the_verdict_says_the_ot
 def ddp_nan(tmp_path_factory):
     """Rank 1's loader fetches a batch-size probe at each epoch's start, then one batch a step: its fetch 4 is step 3's
     batch, with a NaN in its first input. DDP averages rank 1's NaN gradients into rank 0's: both go bad."""
-    result = run_ddp_tutorial(tmp_path_factory.mktemp("ddp-nan"),
-                              patches=[(f"{PATCHES}:nan_in_batch", {"at_fetch": 4, "on_rank": 1})])
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = finished(run_ddp_tutorial(tmp_path_factory.mktemp("ddp-nan"),
+                                       patches=[(f"{PATCHES}:nan_in_batch", {"at_fetch": 4, "on_rank": 1})]))
     return result
 
 

@@ -5,8 +5,8 @@ Each system sample holds the whole host's CPU use (`host_cpu_pct`) and the run's
 the same window: the difference is what other processes took. On a saturated host of few cores that difference
 stops growing with the load (it cannot pass the cores the run leaves), so each sample also holds how long the
 loop's own thread waited for a core (`loop_cpu_wait_pct`, Linux's schedstat): of the time it wanted a CPU, the
-share the host did not give it. A step is given the sample whose window holds the step's end. Read from the first rank's samples and
-steps (its host), measured steps only.
+share the host did not give it. A step is given the sample whose window holds the step's end. Read from the first
+rank's samples and steps (its host), measured steps only.
 
 Another job on the machine slows a run only where the host has no core to spare: a loop waiting for a
 core is slow however its code is written, and no change to the code shows as a gain until the load goes.

@@ -28,8 +28,8 @@ ARRIVAL_COLUMNS = ["step", "last_rank", "lag_s", "collective", "ranks"]
 
 def rank_outcomes(run, now_unix_s: float | None = None) -> pd.DataFrame:
     """One row per rank folder: its status (its meta.json's, else the run's), last recorded step, when it
-    was last seen, and the error, traceback and the loop's line it was raised at of its `rank_failed` event. Ranks of the world with no
-    folder are the summary's `missing_ranks`."""
+    was last seen, and the error, traceback and the loop's line it was raised at of its `rank_failed` event. Ranks
+    of the world with no folder are the summary's `missing_ranks`."""
     now_unix_s = time.time() if now_unix_s is None else now_unix_s
     last_step = _per_rank(run, "steps", q.maximum("step"))
     # events too: a rank's rank_failed is when it was last alive, so two ranks that ended the same step
@@ -72,11 +72,20 @@ def never_finished(outcomes: pd.DataFrame) -> pd.DataFrame:
 
 def outcome_text(row: dict) -> str:
     """How a rank that never finished ended, for people (a row of `rank_outcomes`)."""
-    step = f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
+    step = stopped_after(row)
     if row["status"] == "failed":
-        where = f" at {row['raised_at']}" if row.get("raised_at") else ""
-        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'}{where})"
+        return f"rank {row['rank']} failed {step} ({row['error'] or 'no error recorded'}{raised_where(row)})"
     return f"rank {row['rank']} stopped {step} with no traceback (killed outside Python: SIGKILL, the OOM killer)"
+
+
+def stopped_after(row: dict) -> str:
+    """When a rank stopped, by its last recorded step (a row of `rank_outcomes`)."""
+    return f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
+
+
+def raised_where(row: dict) -> str:
+    """" at train (train.py:91)": the loop's line the rank's exception was raised at, where one was recorded."""
+    return f" at {row['raised_at']}" if row.get("raised_at") else ""
 
 
 def hangs(run) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprof.analysis.run.ranks import never_finished, outcome_text, raised_by_itself
+from gpuprof.analysis.run.ranks import never_finished, outcome_text, raised_by_itself, raised_where, stopped_after
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 
@@ -48,8 +48,10 @@ def ranks_never_finished(ctx):
                                                       na_position="first").iloc[0]
     described = [outcome_text(row) for row in stopped.head(EVIDENCE_RANKS).to_dict(orient="records")]
     alone = len(table) == 1
-    title = (f"The script raised {first['error']}{_at(first)}, {_after(first)}" if alone and first["raised"]
-             else f"{len(stopped)} of {len(table)} ranks never finished: " + "; ".join(described[:4]))
+    if alone and first["raised"]:
+        title = f"The script raised {first['error']}{raised_where(first)}, {stopped_after(first)}"
+    else:
+        title = f"{len(stopped)} of {len(table)} ranks never finished: " + "; ".join(described[:4])
     return Finding(
         rule="ranks-never-finished",
         severity="critical",
@@ -66,19 +68,11 @@ def ranks_never_finished(ctx):
     )
 
 
-def _at(row) -> str:
-    return f" at {row['raised_at']}" if row["raised_at"] else ""
-
-
-def _after(row) -> str:
-    return f"after step {row['last_step']}" if row["last_step"] is not None else "before its first step"
-
-
 def _failure_fix(first, alone: bool) -> str:
     """Where to start: the line that raised, when Python saw the failure; else how a process dies unseen."""
     who = "the script" if alone else f"rank {int(first['rank'])} (the first to stop)"
     if first["raised"]:
-        return (f"Start from {who} where it raised {first['error']}{_at(first)}: its traceback (the rank_failed "
-                "event, or the script's own output) shows the call that failed.")
+        return (f"Start from {who} where it raised {first['error']}{raised_where(first)}: its traceback (the "
+                "rank_failed event, or the script's own output) shows the call that failed.")
     return (f"Start from {who}: it left no traceback, so the process was killed outside Python (the kernel's OOM "
             "killer: `dmesg`, or a SIGKILL), and the ranks after it were stopped by torchrun.")
