@@ -16,6 +16,8 @@ import re
 
 import torch
 
+from gpuprof.torch_compat import private
+
 T = 1e12
 
 # (pattern matched against the device name, {dtype: dense peak FLOP/s}); first match wins,
@@ -46,7 +48,7 @@ def native_bf16(device_type: str) -> bool:
     path (AVX512-BF16, AMX). Elsewhere bf16 is emulated, several times slower than fp32."""
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-    return device_type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return device_type == "cpu" and private("torch.ops.mkldnn._is_mkldnn_bf16_supported", bool)()
 
 
 def dtype_name(dtype: torch.dtype | str, allow_tf32: bool = False) -> str:

@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from gpuprof.torch_compat import private
+
 
 def eager_model(model: torch.nn.Module) -> torch.nn.Module:
     """The plain module under torch.compile and DistributedDataParallel wrappers."""
@@ -27,7 +29,7 @@ def called_under_compile() -> bool:
     eager hook of the plain module it calls: a frame of dynamo's eval_frame.py on the stack belongs to
     its compile context. A loop may hand gpuprof the plain model and run a compiled wrapper of it.
     Walks the stack (reading locals of dynamo's frames only): call it once."""
-    eval_frame = getattr(torch._dynamo, "eval_frame", None)
+    eval_frame = private("torch._dynamo.eval_frame")
     contexts = tuple(kind for kind in (getattr(eval_frame, "OptimizeContext", None),
                                        getattr(eval_frame, "OptimizedModule", None)) if isinstance(kind, type))
     frame = sys._getframe(1)

@@ -2,6 +2,7 @@
 # GPUPROF_VENV      where the environment lives (default: .venv in the repo)
 # GPUPROF_TORCH     the torch requirement to install when torch is missing (default: torch==2.13.0)
 # GPUPROF_TORCH_INDEX  a pip index for torch, e.g. PyTorch's CPU-only wheel index on a machine without a GPU
+# GPUPROF_NEWEST_TORCH test.sh's second pass, in .venv-<it>: the newest torch tested (default torch==2.14.1)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${GPUPROF_VENV:-$ROOT/.venv}

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from gpuprof.modules import initialized
+from gpuprof.torch_compat import private
 
 logger = logging.getLogger("gpuprof")
 
@@ -39,6 +40,8 @@ class BackwardWatcher:
     def attach(self) -> None:
         """A hook on every trainable parameter, narrowed again after the next pass (a lazy module's once its first
         forward made it: the step's end attaches again when a pass went unseen)."""
+        if private("torch.autograd.Variable._execution_engine") is None:
+            return  # no end of a backward pass to see (said once)
         for param in self._model.parameters():
             if param.requires_grad and param not in self._handles and not torch.nn.parameter.is_lazy(param):
                 self._handles[param] = param.register_post_accumulate_grad_hook(self._on_grad)
@@ -55,14 +58,15 @@ class BackwardWatcher:
         if self._queued:
             return
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_ddp if self._is_ddp else self._finish)
+            engine = private("torch.autograd.Variable._execution_engine")
+            engine.queue_callback(self._after_ddp if self._is_ddp else self._finish)
             self._queued = True
         except Exception as error:  # noqa: BLE001 - never fail the user's backward pass
             logger.warning("gpuprof: cannot watch backward passes (%r); gradient capture is off", error)
             self.detach()
 
     def _after_ddp(self) -> None:
-        torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        private("torch.autograd.Variable._execution_engine").queue_callback(self._finish)
 
     def _finish(self) -> None:
         self._queued = False

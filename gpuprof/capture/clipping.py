@@ -86,7 +86,9 @@ def watch(on_norm: NormListener, on_clip: ClipListener) -> Callable[[], None]:
             _compiled_clip.ran = False  # a compiled clip that ran while nobody watched
         for (module, attribute), wrap in _PLACES.items():
             if (module, attribute) not in _wrapped:  # one left under someone else's wrapper still reports
-                original = getattr(module, attribute)
+                original = getattr(module, attribute, None)  # torch_compat lists the private ones
+                if original is None:  # an older torch: that way of clipping is not seen
+                    continue
                 _wrapped[module, attribute] = original, wrap(original)
                 setattr(module, attribute, _wrapped[module, attribute][1])
         _listeners.append(listeners)

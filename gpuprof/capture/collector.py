@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from gpuprof import module_hooks
+from gpuprof.torch_compat import run_eagerly
 
 
 @dataclass
@@ -155,7 +156,7 @@ class CollectorSet:
                 self.disable(collector, hook, error)
                 return None
 
-        return torch._dynamo.disable(guarded)
+        return run_eagerly(guarded)
 
     def disable(self, collector: Any, hook: str, error: BaseException) -> None:
         if collector in self._collectors:
@@ -193,7 +194,7 @@ class _SharedHook:
     def __init__(self, collectors: CollectorSet, target, event: str, forget):
         self._collectors, self._target, self._forget = collectors, target, forget
         self._entries: tuple[_Entry, ...] = ()
-        self._handle = SHARED_EVENTS[event](target, torch._dynamo.disable(self._run))
+        self._handle = SHARED_EVENTS[event](target, run_eagerly(self._run))
 
     def add(self, collector, name: str, function) -> _Entry:
         entry = _Entry(collector, name, function, self)

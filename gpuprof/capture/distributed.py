@@ -19,6 +19,7 @@ import torch
 
 from gpuprof import module_hooks
 from gpuprof.modules import initialized, local_tensor
+from gpuprof.torch_compat import private
 
 # The collectives a loop calls itself, looked up on torch.distributed at each call (Accelerate's gather, broadcast
 # and reduce do): wrapped there, each call is an arrival of the step.
@@ -259,7 +260,7 @@ class DdpCollector:
 
 def _in_backward() -> bool:
     """On a thread running a backward pass, where DDP calls its comm hook: a collective there is DDP's reduction."""
-    return torch._C._current_graph_task_id() != -1
+    return private("torch._C._current_graph_task_id", lambda: -1)() != -1
 
 
 def reducer_params(model: torch.nn.parallel.DistributedDataParallel) -> list[torch.nn.Parameter]:

@@ -12,6 +12,7 @@ import psutil
 import torch
 
 import gpuprof
+from gpuprof import torch_compat
 from gpuprof.modules import initialized
 
 
@@ -46,6 +47,7 @@ def versions(driver: str | None) -> dict[str, str | None]:
         "transformers": _version("transformers"),
         "gpuprof": gpuprof.__version__,
         "driver": driver,
+        "torch_internals_missing": ", ".join(torch_compat.missing()) or None,  # each one's signal is off
     }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-import torch
+from gpuprof.torch_compat import private
 
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 BUFFER_ENTRIES = 2000  # PyTorch's own suggestion for the NCCL trace buffer
@@ -28,9 +28,8 @@ def enable() -> None:
 
 
 def _dump(backend: str, entries: bool) -> dict | None:
-    c10d = torch._C._distributed_c10d
-    dump = getattr(c10d, "_dump_nccl_trace_json", None) if "nccl" in backend else None
-    dump = dump or getattr(c10d, "_dump_fr_trace_json", None)
+    dump = private("torch._C._distributed_c10d._dump_nccl_trace_json") if "nccl" in backend else None
+    dump = dump or private("torch._C._distributed_c10d._dump_fr_trace_json")
     if dump is None:
         return None
     return json.loads(dump(entries, False))

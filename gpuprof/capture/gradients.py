@@ -48,6 +48,7 @@ from gpuprof.blocks import block_groups, combined_norm
 from gpuprof.modules import is_sharded, local_tensor, named_parameters
 from gpuprof.optimizers import members, params_of
 from gpuprof.run.schema import EventKind
+from gpuprof.torch_compat import foreach_mul, foreach_norm, foreach_sub
 
 _MAX_ORIGINS = 16  # bad steps whose origin is kept for the numerics report (the first ones)
 
@@ -59,19 +60,19 @@ def tensor_norms(tensors: list[torch.Tensor | None], same_kind: bool = False) ->
     if not present:
         return torch.zeros(len(tensors))
     if same_kind and len(present) == len(tensors):
-        return _float32(torch.stack(torch._foreach_norm(present)))
+        return _float32(torch.stack(foreach_norm(present)))
     device = present[0].device
     by_group: dict[tuple, list[int]] = defaultdict(list)
     for index, tensor in enumerate(tensors):
         if tensor is not None:
             by_group[(tensor.device, tensor.dtype)].append(index)
     if len(by_group) == 1 and len(present) == len(tensors):
-        return _float32(torch.stack(torch._foreach_norm(present)))
+        return _float32(torch.stack(foreach_norm(present)))
     # assembled by stacking, not `norms[indices] = ...`: a list index is copied to the device
     # with a blocking copy, a host-device sync on every backward pass
     parts = [torch.zeros((), dtype=torch.float32, device=device)] * len(tensors)
     for indices in by_group.values():
-        group_norms = torch.stack(torch._foreach_norm([tensors[i] for i in indices])).to(device).float()
+        group_norms = torch.stack(foreach_norm([tensors[i] for i in indices])).to(device).float()
         for index, norm in zip(indices, group_norms.unbind()):
             parts[index] = norm
     return torch.stack(parts)
@@ -334,7 +335,7 @@ class GradientCollector:
             self._check_stepping_member(optimizer)
         if self._ratio_step and self._weights_before is None:  # the step's first update
             with torch.no_grad():
-                self._weights_before = torch._foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
+                self._weights_before = foreach_mul([local_tensor(p.detach()) for p in self.params], 1.0)
 
     def _check_stepping_member(self, optimizer) -> None:
         """A GradScaler skips only the optimizers whose gradients it found non-finite when unscaling, and
@@ -361,7 +362,7 @@ class GradientCollector:
             return
         with torch.no_grad():
             weights = [local_tensor(p.detach()) for p in self.params]
-            deltas = torch._foreach_sub(weights, self._weights_before)
+            deltas = foreach_sub(weights, self._weights_before)
             self._weights_before = None
             self._update_norms = (tensor_norms(deltas), tensor_norms(weights))
 

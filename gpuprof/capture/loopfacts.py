@@ -19,14 +19,12 @@ import torch
 from gpuprof.capture import environment
 from gpuprof.modules import eager_model
 from gpuprof.optimizers import OptimizerChain, params_without_optimizer
+from gpuprof.torch_compat import private
 
 NAMES_KEPT = 5  # of the parameters no optimizer updates, the names meta.json lists
 
-try:
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices as fused_devices
-except ImportError:  # a torch without the helper: fused kernels were CUDA-only then
-    def fused_devices() -> list[str]:
-        return ["cuda"]
+# a torch without the helper: fused kernels were CUDA-only then
+fused_devices = private("torch.optim.optimizer._get_fused_kernels_supported_devices", lambda: ["cuda"])
 
 MODULE_TYPES = 20  # the most frequent module classes kept
 

@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from gpuprof.torch_compat import private, run_eagerly
+
 logger = logging.getLogger("gpuprof")
 
 _listeners: list["BackwardLosses"] = []
@@ -95,7 +97,8 @@ def _same_element(loss: torch.Tensor | None, given: object) -> bool:
 
 def _loss_of(tensors) -> torch.Tensor | None:
     tensor = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
-    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or torch._C._current_autograd_node() is not None:
+    in_backward = private("torch._C._current_autograd_node", lambda: None)() is not None
+    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or in_backward:
         return None  # not a loss, or a backward inside a backward pass (reentrant checkpointing)
     if _Scaled.output is not None and _Scaled.output() is tensor:
         tensor = _Scaled.loss
@@ -158,7 +161,7 @@ def _install() -> None:
             _Scaled.output, _Scaled.loss = weakref.ref(scaled), outputs.detach()
         return scaled
 
-    torch.autograd.backward = torch._dynamo.disable(backward_taking_the_loss)
+    torch.autograd.backward = run_eagerly(backward_taking_the_loss)
     torch.amp.GradScaler.scale = scale_noting_the_loss
 
 

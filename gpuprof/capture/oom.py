@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from gpuprof.run.schema import EventKind
+from gpuprof.torch_compat import private
 
 logger = logging.getLogger("gpuprof")
 
@@ -25,7 +26,7 @@ def write_snapshot(prof) -> Path:
     """The allocator's state now, pickled to this rank's snapshot file for the current step."""
     path = prof.writer.snapshot_path(prof.step_index)
     with open(path, "wb") as handle:
-        pickle.dump(torch.cuda.memory._snapshot(), handle)
+        pickle.dump(private("torch.cuda.memory._snapshot", _no_snapshot)(), handle)
     return path
 
 
@@ -44,6 +45,14 @@ def memory_snapshot(prof) -> Path | None:
         return None
 
 
+def _no_snapshot() -> None:
+    raise RuntimeError("this torch has no torch.cuda.memory._snapshot")
+
+
+def _no_history(**_options) -> None:
+    """A torch without allocation history: snapshots without it (logged once by private())."""
+
+
 @functools.cache
 def _say_once(message: str) -> None:
     logger.warning(message)
@@ -58,11 +67,11 @@ class OomCollector:
 
     def on_start(self, prof) -> None:
         if self._history:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            private("torch.cuda.memory._record_memory_history", _no_history)(max_entries=100_000)
 
     def on_close(self, prof) -> None:
         if self._history:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            private("torch.cuda.memory._record_memory_history", _no_history)(enabled=None)
 
     def on_exception(self, prof, exc: BaseException) -> None:
         if not isinstance(exc, torch.OutOfMemoryError):

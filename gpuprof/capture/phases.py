@@ -2,16 +2,20 @@
 
 From hooks on the objects the loop hands to the Profiler, with the Profiler's clock, and from what
 the step does (gpuprof.capture.producers), in whatever order the loop does it:
-- data: host time in every `next()` of a torch DataLoader iterator and in every call of the user's
+- data: host time in every `next()` of a torch DataLoader iterator, in every call of the user's
   functions whose results become the model's inputs (found at the first training call: nanoGPT's
-  `get_batch`), wherever in the step they run: before the forward, between the forward and
+  `get_batch`) and in every item drawn from an iterator the loop holds by name whose items the model is
+  given (`next(train_loader)` of a generator, an itertools chain, an IterableDataset's iterator: told at a
+  later training call), wherever in the step they run: before the forward, between the forward and
   `backward()` (that time is taken out of the forward) or after the optimizer. Only the outermost
   call counts; inside the model's own call, or inside an evaluation, it is not data. A step in which
   no such call ran (batches from a list, a generator object) falls back to the time from the start
   of the step (the previous `prof.step()`) to its first call of the model.
-- eval: evaluation inside the loop, on the host clock: each call of the user function under which
+- eval: evaluation inside the loop, on the host clock: each call, from the loop, of a function or method under which
   the model runs in evaluation (no grad or `model.eval()`; found at its first such call, then
-  wrapped: nanoGPT's `estimate_loss()`; a call in which the model does not run in evaluation is not:
+  wrapped: nanoGPT's `estimate_loss()`, x-transformers' `model.generate()`, whose model runs only
+  through its child `net`, seen by a pre-hook on each child of the model that returns at once inside the
+  model's own call; a call in which the model does not run in evaluation is not:
   minGPT's `trigger_callbacks` evaluates once in 500 iterations), else from the start of the first evaluation call of the
   model to the end of the last one before the step's training work goes on (a loop calling the model
   in evaluation itself, as the Accelerate example does). Reported apart; never data or forward.
@@ -44,14 +48,16 @@ import torch
 
 from gpuprof import module_hooks
 from gpuprof.capture import losses
-from gpuprof.capture.producers import (Found, Span, Wrapped, find_evaluator, find_producers, found, model_inputs,
-                                       unwatch_dataloaders, watch_dataloaders)
+from gpuprof.capture.producers import (Drawn, Found, Span, Wrapped, call_stack, draw_places, find_evaluator,
+                                       find_producers, found, model_inputs, unwatch_dataloaders, watch_dataloaders)
 from gpuprof.capture.timing import PhaseTimes
 from gpuprof.capture.usercode import user_frames
 from gpuprof.optimizers import has_step_hooks
 from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
+
+MAX_PROBED_CALLS = 8  # training calls an iterator the loop holds is watched for feeding the model before it is put back
 
 
 def is_training_call(module: torch.nn.Module) -> bool:
@@ -76,8 +82,11 @@ class PhaseHooks:
         self._wrapped: list[Wrapped] = []
         self.found: list[Found] = []  # the user functions timed as data or eval, for meta.json
         self._loop_codes: set | None = None  # the user code calling the model in training, once seen
-        self._eval_codes: list | None = None  # the user code on the stack of the first evaluation call
-        self._evaluator_searched = False
+        self._training_stack: set = set()  # every code on the stack of that first training call
+        self._eval_stacks: list[tuple] = []  # evaluation calls' stacks (call_stack) not searched yet
+        self._searched_stacks: set[tuple] = set()
+        self._drawn: list[Drawn] = []  # the iterators the loop holds, rebound at its first training call
+        self._probed_calls = 0  # training calls since, while none of them is seen to feed the model
         self._in_model = 0
         self._step_spans = _StepSpans()
 
@@ -104,6 +113,10 @@ class PhaseHooks:
                           guard(self, "data_produced", self._data_produced))
         self._eval = Span(guard(self, "eval_begins", self._eval_begins), guard(self, "eval_ends", self._eval_ends))
         watch_dataloaders(self._data)
+        if not _compiled(self._model):  # a compiled model's children run inside its graph: no hook of ours there
+            for child in filter(_saved_without_our_hooks, self._model.children()):
+                self._handles.append(module_hooks.register(child, "forward_pre", self._outside_call_hook(guard),
+                                                           with_kwargs=True))
         self._stop_watching_backward = losses.watch_starts(guard(self, "backward_begins", self._backward_begins))
         return None
 
@@ -138,9 +151,10 @@ class PhaseHooks:
         self._stop_watching_backward()
         if self._data is not None:
             unwatch_dataloaders(self._data)
-        for wrapped in self._wrapped:
+        for wrapped in [*self._wrapped, *self._drawn]:
             wrapped.restore()
         self._wrapped.clear()
+        self._drawn.clear()
 
     def on_step_start(self, prof, step: int) -> None:
         self._times = PhaseTimes(self._clock)
@@ -245,6 +259,8 @@ class PhaseHooks:
         self._step_spans.close_window()
         if self._loop_codes is None:
             self._find_producers(args, kwargs)
+        elif self._drawn and self._drawn[0].state == "probing":
+            self._searching(lambda: self._decide_drawn(args, kwargs))
         self._close_forward()
         self._forward_start = self._clock.stamp()
 
@@ -309,36 +325,76 @@ class PhaseHooks:
     def _eval_ends(self) -> None:
         self._step_spans.eval_ended()
 
+    def _outside_call_hook(self, guard):
+        """A forward pre-hook for a child of the model: a child called while the model itself is not running, in
+        evaluation, is an evaluation call of the model (`model.generate` runs `self.net`, never `model`'s forward).
+        Inside the model's own call it returns at once."""
+        child_called = guard(self, "child_called", self._child_called)
+
+        def hook(module, args, kwargs):
+            if not self._in_model and not is_training_call(module):
+                child_called(args, kwargs)
+
+        return hook
+
+    def _child_called(self, args, kwargs) -> None:
+        self._evaluation_call(args, kwargs)
+        self._step_spans.evaluation_call_ended()
+
     def _evaluation_call(self, args, kwargs) -> None:
         if self._eval is not None and self._eval.open:
             self._step_spans.evaluated = True
             return
-        if self._eval_codes is None:
-            frames = user_frames(sys._getframe())
-            self._eval_codes = [frame.f_code for frame in frames]
-            self._find_evaluator(frames)
+        frame = sys._getframe()
+        self._search_evaluator(call_stack(frame), frame)
         self._step_spans.evaluation_call_began(model_inputs(args, kwargs))
 
     def _find_producers(self, args, kwargs) -> None:
-        """Once, at the first training call: the user frames calling the model, and the calls feeding it."""
+        """Once, at the first training call: the user frames calling the model, and the calls and iterators feeding
+        it (those the loop draws from by name are told at a later training call, `_decide_drawn`)."""
         frame = sys._getframe()
         frames = user_frames(frame)
         self._loop_codes = {user_frame.f_code for user_frame in frames}
+        self._training_stack = set(call_stack(frame))
 
         def wrap_producers():
             for binding in find_producers(frame, model_inputs(args, kwargs)):
                 self._wrap(binding, "data", self._data)
 
         self._searching(wrap_producers)
-        self._find_evaluator(frames)
+        self._searching(lambda: self._drawn.extend(Drawn(place, self._data) for place in draw_places(frames)))
+        for stack in self._eval_stacks:
+            self._search_evaluator(stack, frame)
+        self._eval_stacks.clear()
 
-    def _find_evaluator(self, frames: list) -> None:
-        """Once both the loop's code and an evaluation call's stack are known: the function evaluating."""
-        if self._evaluator_searched or self._eval_codes is None or self._loop_codes is None:
+    def _decide_drawn(self, args, kwargs) -> None:
+        """The iterators whose last item the model is given now feed it: timed from now on; the others are put back,
+        once one is told or after MAX_PROBED_CALLS training calls."""
+        inputs = model_inputs(args, kwargs)
+        feeding = [drawn for drawn in self._drawn if drawn.last & inputs]
+        self._probed_calls += 1
+        if not feeding and self._probed_calls < MAX_PROBED_CALLS:
             return
-        self._evaluator_searched = True
-        self._searching(lambda: self._wrap(find_evaluator(self._eval_codes, self._loop_codes, frames), "eval",
-                                           self._eval))
+        for drawn in self._drawn:
+            if drawn in feeding:
+                drawn.state = "timed"
+                self.found.append(drawn.found())
+            else:
+                drawn.restore()
+        self._drawn = feeding
+
+    def _search_evaluator(self, stack: tuple, frame) -> None:
+        """Once per kind of evaluation call (its stack), once the loop's code is known: the callable evaluating, its
+        caller one of the frames of the stack ending at `frame`."""
+        if self._loop_codes is None:
+            if stack not in self._eval_stacks:
+                self._eval_stacks.append(stack)
+            return
+        if stack in self._searched_stacks:
+            return
+        self._searched_stacks.add(stack)
+        self._searching(lambda: self._wrap(find_evaluator(stack, self._loop_codes, self._training_stack,
+                                                          _stack(frame)), "eval", self._eval))
 
     @staticmethod
     def _searching(search) -> None:
@@ -354,8 +410,30 @@ class PhaseHooks:
         if binding is None or span is None:
             return
         owner, name, value = binding
+        if any(wrapped.owner is owner and wrapped.name == name for wrapped in self._wrapped):
+            return
         self._wrapped.append(Wrapped(owner, name, span))
-        self.found.append(found(role, value))
+        self.found.append(found(role, value, owner, name))
+
+
+def _stack(frame) -> list:
+    """The frames of the stack ending at `frame`, innermost first."""
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
+def _saved_without_our_hooks(module: torch.nn.Module) -> bool:
+    """A module whose class pickles and copies it through `Module.__getstate__` (gpuprof.module_hooks leaves our hooks
+    out there), not its own (an LSTM's: `torch.save(model)` would fail on a hook of ours)."""
+    return type(module).__getstate__ is torch.nn.Module.__getstate__
+
+
+def _compiled(module: torch.nn.Module) -> bool:
+    return (isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+            or getattr(module, "_compiled_call_impl", None) is not None)
 
 
 class _StepSpans:

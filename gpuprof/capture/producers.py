@@ -8,10 +8,20 @@ Data time is defined by what the program does, wherever in the step it happens:
   (`ast`) the statements that assign those variables. A call there of a Python function of the
   user's code (`X, Y = get_batch('train')`, `batch = loader.next_batch()`, `for X, Y in
   batches():`) is wrapped where the loop looks it up (the module's global, the module attribute,
-  the method on its class): each call is then timed, a generator's per item. The wrappers are
-  removed when the run closes.
-An evaluation is the call of a user function, made from the loop, under which the model runs in
-evaluation (nanoGPT's `estimate_loss()`): found at the first such call and wrapped the same way.
+  the method on its class): each call is then timed, a generator's per item;
+- every item drawn from an iterator the loop holds by name (`next(train_loader)` of a generator
+  object, an itertools chain, an iterator object, an IterableDataset's `iter()`), wherever the item
+  is made. At the first training call, each iterator held by the loop's frames (their locals, their
+  module's globals, the attributes of `self`) is rebound there to a thin iterator that delegates
+  (`Drawn`: same items, same exceptions, `send`/`throw`/`close` and attributes forwarded); what it
+  produces is noted, and at a later training call the one whose item the model was given is timed
+  from then on (one perf_counter pair an item), the others put back.
+The wrappers are removed, the names rebound to what they held, when the run closes.
+
+An evaluation is a call made from the loop, of a user function or any other callable (a method of
+the model: `model.generate(...)`, Hugging Face's or minGPT's), under which the model runs in
+evaluation (nanoGPT's `estimate_loss()`): found at the first such call of each kind, from the stack
+below the loop's frame, and wrapped the same way. Generation is evaluation.
 
 Everything here runs at most once per model call before it is found, then never again.
 """
@@ -19,13 +29,16 @@ Everything here runs at most once per model call before it is found, then never 
 from __future__ import annotations
 
 import ast
+import ctypes
 import functools
 import inspect
+import io
 import itertools
 import linecache
+import sys
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,6 +46,7 @@ import torch
 from torch.utils.data import dataloader as _dataloader
 
 from gpuprof.capture.usercode import is_user_code, user_frames
+from gpuprof.torch_compat import private
 
 MAX_ITEMS = 64  # the most items of one dict, tuple or list looked through for the model's inputs
 ITERATION_WRAPPERS = ("enumerate", "iter", "zip", "tqdm", "islice")  # `for b in enumerate(f())` iterates f()
@@ -192,9 +206,26 @@ def user_function(value: Any) -> types.FunctionType | None:
     return None
 
 
-def found(role: str, value: Any) -> Found:
-    code = user_function(value).__code__
-    return Found(role, code.co_qualname, code.co_filename, code.co_firstlineno)
+def found(role: str, value: Any, owner: Any = None, name: str | None = None) -> Found:
+    """`value` named as the loop calls it (`get_batch`, `AutoregressiveWrapper.generate`), where it is defined: a
+    decorator's inner function defined elsewhere stands for the function it holds of that name."""
+    function = _innermost(value)
+    if name is not None and function.__name__ != name:
+        held = [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
+        function = next((item for item in held if isinstance(item, types.FunctionType) and item.__name__ == name),
+                        function)
+    code = function.__code__
+    qualname = code.co_qualname if name is None or code.co_name == name else (
+        f"{owner.__qualname__}.{name}" if isinstance(owner, type) else name)
+    return Found(role, qualname, code.co_filename, code.co_firstlineno)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------- discovery
@@ -349,15 +380,37 @@ def _attribute_binding(owner: Any, name: str) -> list[tuple[Any, str, Any]]:
     return []
 
 
-def find_evaluator(eval_codes: list[types.CodeType], loop_codes: set[types.CodeType],
-                   frames: list[types.FrameType]) -> tuple[Any, str, Any] | None:
-    """The user function the loop called to evaluate: in the user code of an evaluation call's stack
-    (`eval_codes`, innermost first), the outermost code below the loop's; with where the loop, one of whose
-    `frames` runs now, looks it up. None when the loop calls the model in evaluation itself."""
-    for inner, outer in zip(eval_codes, eval_codes[1:]):
-        if outer in loop_codes and inner not in loop_codes:
-            caller = next((frame for frame in frames if frame.f_code is outer), None)
-            return _binding_of_code(inner, caller) if caller is not None else None
+MODULE_CALLS = {getattr(private(name), "__code__", None)
+                for name in ("torch.nn.Module._wrapped_call_impl", "torch.nn.Module._call_impl")}
+
+
+def call_stack(frame: types.FrameType | None) -> tuple[types.CodeType, ...]:
+    """The codes of the stack ending at `frame`, outermost first, down to the outermost module call (a model's
+    `__call__`): what runs the model, not what runs inside it."""
+    codes = []
+    while frame is not None:
+        codes.append(frame.f_code)
+        frame = frame.f_back
+    codes.reverse()
+    end = next((index for index, code in enumerate(codes) if code in MODULE_CALLS), len(codes))
+    return tuple(codes[:end])
+
+
+def find_evaluator(eval_stack: tuple[types.CodeType, ...], loop_codes: set[types.CodeType],
+                   training_stack: set[types.CodeType], frames: list[types.FrameType]) -> tuple[Any, str, Any] | None:
+    """The callable the loop called to evaluate: in an evaluation call's stack (`eval_stack`, outermost first), the
+    outermost code below the loop's innermost frame on it that the training call's stack does not run and that the
+    loop, one of whose `frames` runs now, looks up (a user function, or any method: `model.generate`); with where it
+    looks it up. None when the loop calls the model in evaluation itself."""
+    at = max((index for index, code in enumerate(eval_stack) if code in loop_codes), default=None)
+    caller = next((frame for frame in frames if frame.f_code is eval_stack[at]), None) if at is not None else None
+    if caller is None:
+        return None
+    for code in eval_stack[at + 1:]:
+        if code not in training_stack:
+            binding = _binding_of_code(code, caller)
+            if binding is not None:
+                return binding
     return None
 
 
@@ -365,13 +418,153 @@ def _binding_of_code(code: types.CodeType, caller: types.FrameType) -> tuple[Any
     """Where `caller` finds the function running `code`: a global of its module, or a method of the class of
     one of its local objects."""
     for name, value in caller.f_globals.items():
-        function = user_function(value)
-        if function is not None and function.__code__ is code:
+        if _runs(value, code):
             return caller.f_globals, name, value
-    for value in caller.f_locals.values():
+    for value in list(caller.f_locals.values()):
         for cls in type(value).__mro__[:-1]:
             for name, member in vars(cls).items():
-                function = user_function(member)
-                if function is not None and function.__code__ is code:
+                if _runs(member, code):
                     return cls, name, member
     return None
+
+
+def _runs(value: Any, code: types.CodeType) -> bool:
+    """`value` is a function (possibly decorated) whose own code is `code`."""
+    inner = _innermost(value)
+    return isinstance(inner, types.FunctionType) and inner.__code__ is code
+
+
+# ---------------------------------------------------------------------------------------- iterators drawn by name
+class Place:
+    """Where the loop looks a name up: a dict (a module's globals), an object's attribute, or a function frame's local
+    (written back to the frame: `f_locals` is a snapshot before Python 3.13)."""
+
+    def __init__(self, owner: Any, name: str, frame: types.FrameType):
+        self.owner, self.name = owner, name
+        self.code, self.line = frame.f_code, frame.f_lineno or 0  # the loop's code reading the name
+
+    @property
+    def site(self) -> tuple[str, int]:
+        """The first line of the loop's code reading the name (`next(stream)`), else the line it ran."""
+        node = _code_node(self.code)
+        lines = [child.lineno for child in (_own_nodes(node) if node is not None else ())
+                 if isinstance(child, ast.Name) and child.id == self.name and isinstance(child.ctx, ast.Load)]
+        return self.code.co_filename, min(lines, default=self.line)
+
+    def get(self) -> Any:
+        if isinstance(self.owner, types.FrameType):
+            return self.owner.f_locals.get(self.name, _MISSING)
+        return self.owner.get(self.name, _MISSING) if isinstance(self.owner, dict) else vars(self.owner).get(
+            self.name, _MISSING)
+
+    def set(self, value: Any) -> None:
+        if isinstance(self.owner, types.FrameType):
+            self.owner.f_locals[self.name] = value
+            if sys.version_info < (3, 13):
+                ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(self.owner), ctypes.c_int(0))
+        else:
+            _store(self.owner, self.name, value)
+
+
+class DrawnIterator:
+    """What the loop's name holds while gpuprof watches: the original iterator's items, exceptions and methods."""
+
+    __slots__ = ("_gpuprof_drawn",)
+
+    def __init__(self, drawn: "Drawn"):
+        self._gpuprof_drawn = drawn
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        drawn = self._gpuprof_drawn
+        return drawn.draw(next, drawn.original)
+
+    def send(self, value):
+        drawn = self._gpuprof_drawn
+        return drawn.draw(drawn.original.send, value)
+
+    def throw(self, *args):
+        return self._gpuprof_drawn.original.throw(*args)
+
+    def close(self):
+        return self._gpuprof_drawn.original.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._gpuprof_drawn.original, name)
+
+    def __repr__(self) -> str:
+        return repr(self._gpuprof_drawn.original)
+
+
+class Drawn:
+    """An iterator of the loop's rebound to a DrawnIterator: `probing`, it notes the tensors of the item it last
+    produced; `timed`, each item is timed as `span`; `off` (put back, or the run closed), it only delegates."""
+
+    def __init__(self, place: Place, span: Span):
+        self.place, self.span = place, span
+        self.original = place.get()
+        self.state = "probing"
+        self.last: set[int] = set()
+        self.proxy = DrawnIterator(self)
+        place.set(self.proxy)
+
+    def draw(self, produce: Callable, argument: Any) -> Any:
+        if self.state == "timed":
+            with self.span:
+                item = produce(argument)
+                self.span.produced(item)
+            return item
+        item = produce(argument)
+        if self.state == "probing":
+            self.last = model_inputs((item,), {})
+        return item
+
+    def restore(self) -> None:
+        self.state = "off"
+        try:
+            if self.place.get() is self.proxy:
+                self.place.set(self.original)
+        except Exception:  # noqa: BLE001 - a frame gone, an object that refuses: the proxy only delegates now
+            pass
+
+    def found(self) -> Found:
+        """The generator's function (`cycle (train.py:27)`), else the name the loop draws from, where it uses it."""
+        code = getattr(self.original, "gi_code", None) or getattr(_user_next(self.original), "__code__", None)
+        if code is not None:
+            return Found("data", code.co_qualname, code.co_filename, code.co_firstlineno)
+        return Found("data", f"{self.place.name} ({type(self.original).__qualname__})", *self.place.site)
+
+
+
+def _user_next(iterator: Any) -> Any:
+    function = vars(type(iterator)).get("__next__")
+    return function if isinstance(function, types.FunctionType) and is_user_code(function.__code__) else None
+
+
+def drawable(value: Any) -> bool:
+    """An iterator the loop may draw its batches from by name: not a DataLoader's (timed as such), a file, or one
+    gpuprof put there."""
+    return (isinstance(value, Iterator) and not isinstance(value, (_dataloader._BaseDataLoaderIter, DrawnIterator,
+                                                                   io.IOBase)))
+
+
+def draw_places(frames: list[types.FrameType]) -> list[Place]:
+    """Each place a loop frame (innermost first) can look up an iterator by name: its locals, its module's globals,
+    the attributes of its `self`."""
+    places, seen = [], set()
+    for frame in frames:
+        scopes = [(frame.f_globals, frame.f_globals)]
+        if frame.f_code.co_name != "<module>":
+            scopes.append((frame, frame.f_locals))
+            owner = frame.f_locals.get("self")
+            if owner is not None and hasattr(owner, "__dict__") and not isinstance(owner, type):
+                scopes.append((owner, vars(owner)))
+        for owner, scope in scopes:
+            for name, value in list(scope.items()):
+                key = (id(owner), name)
+                if key not in seen and drawable(value):
+                    seen.add(key)
+                    places.append(Place(owner, name, frame))
+    return places

@@ -45,6 +45,7 @@ from gpuprof.capture.usercode import raised_at
 from gpuprof.capture.watchdog import check_timeout
 from gpuprof.errors import GpuprofError
 from gpuprof.modules import initialized
+from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
 from gpuprof.numerics.options import NumericsOptions, check_policy
 from gpuprof.optimizers import one_optimizer
 from gpuprof.run import schema
@@ -54,6 +55,9 @@ logger = logging.getLogger("gpuprof")
 
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its event
 SIGTERM_WRITE_S = 5.0  # what a rank stopped by SIGTERM spends writing where it was
+# what still runs after capture is switched off (see Profiler._switch_off)
+STILL_RUNNING = ("the step records (step time, loss, tokens)", "the loss taken at backward()",
+                 "the non-finite loss flag and its event")
 
 
 def profile(run_dir: str | os.PathLike, **options: Any) -> "Profiler":
@@ -143,6 +147,9 @@ class Profiler:
         self._pending: deque[tuple[PendingRecord, list]] = deque()
         self._started = self._closed = False
         self._broken = False
+        self._bare = False  # broken, and still writing the bare step records (see _switch_off)
+        self._bare_nonfinite_said = False
+        self._broken_at, self._broken_by = None, ""  # the step and the error that switched capture off
         self._facts: dict[str, Any] = {}  # the collectors' run-level facts for meta.json, as last told
         self._backward = BackwardWatcher(self.model, self._after_backward) if self.model is not None else None
         self._losses = BackwardLosses()  # the step's loss when prof.step() is given none (gpuprof.capture.losses)
@@ -183,6 +190,7 @@ class Profiler:
         self._write_meta("running")
         self._begin_step()
         self._record_termination()
+        self._bare = True  # from here on a break leaves the bare step records running
 
     def _open(self) -> None:
         """The run directory, then the collectors. Without a directory capture is off, but the collectors with a
@@ -304,10 +312,14 @@ class Profiler:
         batch: the step's batch (a list of them under gradient accumulation), kept by reference
         so that NaN forensics can re-run the step with `loss_fn` (docs/numerics.md).
         """
-        if self._active:
+        if self._active or self._recording_bare:
             self.bookkeeping = True
+            step = self.step_index
             with own_work():
                 self._guarded(self._end_step, loss, tokens, batch)
+            if self.step_index == step:  # its record failed: the counter still moves on, for the bare step records
+                self.step_index += 1  # (see _switch_off); the collectors, switched off, are not told (a per-step
+                self._begin_step(tell_collectors=False)  # collective is made once)
             self.bookkeeping = False
         if self._joiners and not self._closed:
             self._join_step_collectives()
@@ -359,12 +371,17 @@ class Profiler:
     def _active(self) -> bool:
         return self._started and not self._closed and not self._broken
 
+    @property
+    def _recording_bare(self) -> bool:
+        return self._broken and self._bare and not self._closed
+
     # ------------------------------------------------------------------ internals
-    def _begin_step(self) -> None:
+    def _begin_step(self, tell_collectors: bool = True) -> None:
         """A step starts when gpuprof's own work in prof.step() is done: that work is not the loop's time."""
         self._step_start = self.clock.stamp()
         self._step_phases = PhaseTimes(self.clock)
-        self.collectors.call("on_step_start", self, self.step_index)
+        if tell_collectors:
+            self.collectors.call("on_step_start", self, self.step_index)
 
     def _after_backward(self) -> None:
         if self._active:
@@ -376,7 +393,7 @@ class Profiler:
         own_work_started = time.perf_counter()
         own_work_s: list[float] = []
         automatic = self.collectors.call_one(self.phase_hooks, "finish_step")
-        if self._backward is not None and self.phase_hooks.backward_unfinished:
+        if self._backward is not None and not self._broken and self.phase_hooks.backward_unfinished:
             self._backward.attach()  # the parameters it kept watching were not reached this step
         backward_loss = self._losses.take(loss)
         given = loss is not None
@@ -408,6 +425,8 @@ class Profiler:
         while self._pending and self._ready(*self._pending[0]):
             record = self._pending.popleft()[0].resolve()
             self._complete(record)
+            if self._broken:
+                self._flag_nonfinite_loss(record)
             with self._losses.paused():  # the forensic re-run of a bad step runs its own backward
                 self.collectors.call("on_step_record", self, record)
             written.append({k: v for k, v in record.items() if not k.startswith("_")})
@@ -476,36 +495,75 @@ class Profiler:
         }
 
     def _guarded(self, function, *args) -> None:
-        """Runs profiler-internal work; the first failure switches the whole profiler off."""
+        """Runs profiler-internal work; the first failure switches the whole profiler off, but for the bare step
+        records, which a second failure stops too."""
         try:
             function(*args)
         except Exception as error:  # noqa: BLE001 - gpuprof must never stop the training loop
-            if self._broken:  # what fails after the first failure (closing) follows from it: said already
+            if self._recording_bare:
+                self._stop_bare_records(error)
+            elif self._broken:  # what fails after the first failure (closing) follows from it: said already
                 logger.debug("gpuprof: after capture was switched off: %r", error, exc_info=True)
-                return
-            logger.warning("gpuprof: internal error, capture switched off for this run: %r", error, exc_info=True)
-            with contextlib.suppress(Exception):
-                self.event(schema.EventKind.PROFILER_DISABLED, f"capture switched off: {error!r}", severity="warning",
-                           step=self.step_index, error=repr(error))
-            self._switch_off()
+            else:
+                logger.warning("gpuprof: internal error, capture switched off for this run: %r", error, exc_info=True)
+                self._say_switched_off(error, self._switch_off())
 
-    def _switch_off(self) -> None:
-        """Broken: every hook gpuprof put on the model, the optimizer, autograd and torch comes off now."""
+    def _switch_off(self) -> list[str]:
+        """Broken: every hook gpuprof put on the model, the optimizer, autograd and torch comes off now, but for the
+        loss taken at backward(): each step still writes its record and a non-finite loss is still an event
+        (STILL_RUNNING), so that a detection is never lost. Returns the names of the collectors switched off."""
         if self._broken:
-            return
+            return []
         self._broken = True
+        switched_off = [getattr(collector, "name", type(collector).__name__) for collector in self.collectors]
         with contextlib.suppress(Exception):
-            self._losses.stop()
+            if not self._bare:
+                self._losses.stop()
             if self._backward is not None:
                 self._backward.detach()
             self.collectors.stop_all(self)
+        return switched_off
+
+    def _say_switched_off(self, error: BaseException, switched_off: list[str]) -> None:
+        still_running = list(STILL_RUNNING) if self._bare else []
+        message = (f"capture switched off: {error!r}; off: {', '.join(switched_off) or 'nothing started'}"
+                   f"; still running: {', '.join(still_running) or 'nothing'}")
+        with contextlib.suppress(Exception):
+            self.event(schema.EventKind.PROFILER_DISABLED, message, severity="warning", step=self.step_index,
+                       error=repr(error), switched_off=switched_off, still_running=still_running)
+        self._broken_at, self._broken_by = self.step_index, repr(error)
+
+    def _stop_bare_records(self, error: BaseException) -> None:
+        """The bare step records failed too: nothing of gpuprof runs in the loop from now on."""
+        logger.warning("gpuprof: the step records kept after capture was switched off failed too: %r", error)
+        self._bare = False
+        with contextlib.suppress(Exception):
+            self._losses.stop()
+        with contextlib.suppress(Exception):
+            self.event(schema.EventKind.PROFILER_DISABLED, f"step records switched off too: {error!r}; still running: "
+                       "nothing", severity="warning", step=self.step_index, error=repr(error),
+                       switched_off=list(STILL_RUNNING), still_running=[])
+
+    def _flag_nonfinite_loss(self, record: dict[str, Any]) -> None:
+        """After a break, the first non-finite loss is still a `nonfinite` event: unblamed (no state was kept to
+        re-run the step), saying why."""
+        if record.get("loss_finite") is not False or self._bare_nonfinite_said or self.options.numerics is None:
+            return
+        self._bare_nonfinite_said = True
+        why = (f"{NOT_REPRODUCED}capture was switched off at step {self._broken_at} ({self._broken_by}); "
+               "only the step records and the loss flag still ran, so no state was kept to re-run the step")
+        blame = Blame(step=record["step"], rank=self.ranks.rank, trigger="loss", notes=[why])
+        details = {key: value for key, value in blame.details().items() if key != "step"}
+        self.event(schema.EventKind.NONFINITE, blame.message(), severity="critical", step=record["step"], **details)
 
     def _collector_failed(self, collector: Any, hook: str, error: BaseException) -> None:
         name = getattr(collector, "name", type(collector).__name__)
+        still_running = [getattr(other, "name", type(other).__name__) for other in self.collectors]
         logger.warning("gpuprof: collector %r failed in %s and is switched off: %r", name, hook, error)
         with contextlib.suppress(Exception):
-            self.event(schema.EventKind.COLLECTOR_DISABLED, f"collector {name} switched off after {hook} raised {error!r}",
-                       severity="warning", step=self.step_index, collector=name, hook=hook, error=repr(error))
+            self.event(schema.EventKind.COLLECTOR_DISABLED, f"collector {name} switched off after {hook} raised "
+                       f"{error!r}; still running: {', '.join(still_running)}", severity="warning",
+                       step=self.step_index, collector=name, hook=hook, error=repr(error), still_running=still_running)
 
 
 def _sample_interval(value: Any) -> float | str:

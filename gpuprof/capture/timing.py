@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from gpuprof.torch_compat import private
+
 
 class HostClock:
     kind = "host"
@@ -28,7 +30,7 @@ class HostClock:
         return True
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_raw_stream = private("torch._C._cuda_getCurrentRawStream")
 _streams: dict[tuple[int, int], "torch.cuda.Stream"] = {}
 _MAX_STREAMS = 64
 

@@ -18,6 +18,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, record_function
 
 from gpuprof.modules import initialized
 from gpuprof.run.schema import OWN_WORK_RANGE, EventKind
+from gpuprof.torch_compat import private
 
 
 def windows(steps: list[int]) -> list[tuple[int, int]]:
@@ -33,7 +34,8 @@ def windows(steps: list[int]) -> list[tuple[int, int]]:
 
 def own_work():
     """Marks gpuprof's own work while a profiler records; a no-op (one flag read) otherwise."""
-    return record_function(OWN_WORK_RANGE) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
+    recording = private("torch.autograd._profiler_enabled", bool)()
+    return record_function(OWN_WORK_RANGE) if recording else contextlib.nullcontext()
 
 
 class TraceCollector:

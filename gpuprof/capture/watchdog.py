@@ -27,6 +27,7 @@ import torch
 from gpuprof.capture import flight, usercode
 from gpuprof.errors import GpuprofError
 from gpuprof.modules import initialized
+from gpuprof.torch_compat import private
 from gpuprof.run.jsonable import encodable
 from gpuprof.run.schema import EventKind
 
@@ -64,7 +65,7 @@ def connect_store(session: str):
         except Exception as error:  # noqa: BLE001 - no reachable store: the default group's, or none
             logger.info("gpuprof: hang watchdog cannot reach the store at %s:%s (%r)", address, port, error)
     if store is None and initialized():
-        store = torch.distributed.distributed_c10d._get_default_store()
+        store = private("torch.distributed.distributed_c10d._get_default_store", lambda: None)()
     return torch.distributed.PrefixStore(f"gpuprof/{session}/", store) if store is not None else None
 
 
@@ -292,7 +293,7 @@ def heartbeat_row(beat: dict) -> dict:
 
 
 def _default_group():
-    return torch.distributed.distributed_c10d._get_default_group() if initialized() else None
+    return private("torch.distributed.distributed_c10d._get_default_group", lambda: None)() if initialized() else None
 
 
 def describe_hang(beats: dict[int, dict], payloads: dict[int, dict], now_unix_s: float, stale_s: float) -> dict:

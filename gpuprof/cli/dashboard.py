@@ -99,9 +99,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         wait_until_healthy(server, url)
         print(f"gpuprof dashboard on {runs_dir}: {url}  (Ctrl-C to stop)", flush=True)
+        _print_unlisted_traces(runs_dir)
         return server.wait()
     except KeyboardInterrupt:
         print("gpuprof dashboard: stopped", file=sys.stderr)
         return 0
     finally:
         stop(server)
+
+
+def _print_unlisted_traces(runs_dir: Path) -> None:
+    """The traces the dashboard leaves out, said where the user started it (the Runs page says it too)."""
+    from gpuprof.report.format import code_parts
+    from gpuprof.run.reader import unlisted_traces_note
+
+    note = unlisted_traces_note(runs_dir)
+    if note:
+        print("note: " + "".join(part for part, _ in code_parts(note)), flush=True)

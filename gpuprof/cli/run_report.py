@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import sys
 
-from gpuprof.report.format import figure, gain_text, rank_list, value_text
+from gpuprof.report.format import EVIDENCE_WIDTH, evidence_line, figure, gain_text, rank_list
 
 JSON_SCHEMA_VERSION = 1
 # Past this many ranks the text report lists the slowest ones only (--json has every rank).
 PER_RANK_LINES_MAX = 16
+EVIDENCE_PREFIX = "       evidence: "
 
 
 def verdict_lines(verdict) -> list[str]:
@@ -122,10 +123,9 @@ def finding_lines(findings, *, marker: str = "") -> list[str]:
     lines = []
     for number, finding in enumerate(findings, start=1):
         gain = f"   [{gain_text(finding.est_gain_pct)}]" if gain_text(finding.est_gain_pct) else ""
-        evidence = ", ".join(f"{key}={value_text(value)}" for key, value in finding.to_dict()["evidence"].items())
         lines += [
             f"  {marker}{number}. {finding.severity.upper():8} {finding.rule}: {finding.title}{gain}",
-            f"       evidence: {evidence}",
+            EVIDENCE_PREFIX + evidence_line(finding.to_dict()["evidence"], EVIDENCE_WIDTH - len(EVIDENCE_PREFIX)),
             f"       fix: {finding.fix}",
         ]
     return lines

@@ -41,16 +41,25 @@ class Panel:
     note: str = ""
 
 
+# One number format on every value axis and its hover: 4 significant digits, thousands separated, never an
+# exponent ("1.338", "51.14", "1,980"), not a float's every digit ("1.338303").
+NUMBER_FORMAT = ",.4~r"
+# Above the plot area, never over it: a short chart's legend at a fraction above it would sit on its top row.
+LEGEND_ABOVE = dict(orientation="h", yanchor="bottom", y=1.02, x=0)
+# Beside the plot, for a chart of stacked subplots whose titles sit where a legend above would.
+LEGEND_BESIDE = dict(orientation="v", xanchor="left", x=1.01, yanchor="top", y=1)
+
+
 def _layout(figure: go.Figure, *, x_title: str, y_title: str = "", height: int = CHART_HEIGHT_PX) -> go.Figure:
     figure.update_layout(
         template=CHART_TEMPLATE,
         height=height,
         margin=dict(l=10, r=10, t=30, b=10),
-        legend=dict(orientation="h", y=1.12, x=0),
+        legend=LEGEND_ABOVE,
         hovermode="x unified",
     )
     figure.update_xaxes(title_text=x_title)
-    figure.update_yaxes(tickformat=",~f")  # one number format on every tick: "1,979.5", "1,980", not "1979"
+    figure.update_yaxes(tickformat=NUMBER_FORMAT, hoverformat=NUMBER_FORMAT)
     if y_title:
         figure.update_yaxes(title_text=y_title)
     return figure
@@ -72,16 +81,21 @@ def _markers(x: pd.Series, y, name: str, color: str) -> go.Scatter:
 
 
 def throughput_panel(steps: pd.DataFrame) -> Panel:
+    """Tokens/s, and MFU under it on an axis of its own: MFU is tokens/s times a constant, so on one plot
+    either line hides the other."""
+    title = "Throughput and MFU"
     if not _has(steps, "tokens_per_s"):
-        return Panel("Throughput and MFU", None, "No throughput recorded: the loop passed no token counts to prof.step().")
-    figure = make_subplots(specs=[[{"secondary_y": True}]])
-    figure.add_trace(_line(steps, "step", "tokens_per_s", "tokens/s"), secondary_y=False)
-    if _has(steps, "mfu"):
-        figure.add_trace(_line(steps, "step", "mfu", "MFU %", scale=100.0), secondary_y=True)
-        figure.update_yaxes(title_text="MFU %", secondary_y=True, rangemode="tozero")
-    figure.update_yaxes(title_text="tokens/s", secondary_y=False, rangemode="tozero")
-    note = "" if _has(steps, "mfu") else "MFU unknown: no peak FLOP/s for this device."
-    return Panel("Throughput and MFU", _layout(figure, x_title="step"), note)
+        return Panel(title, None, "No throughput recorded: the loop passed no token counts to prof.step().")
+    mfu = int(_has(steps, "mfu"))
+    figure = make_subplots(rows=1 + mfu, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    figure.add_trace(_line(steps, "step", "tokens_per_s", "tokens/s"), row=1, col=1)
+    figure.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
+    if mfu:
+        figure.add_trace(_line(steps, "step", "mfu", "MFU %", scale=100.0), row=2, col=1)
+        figure.update_yaxes(title_text="MFU %", rangemode="tozero", row=2, col=1)
+    note = "" if mfu else "MFU unknown: no peak FLOP/s for this device."
+    _layout(figure, x_title="", height=CHART_HEIGHT_PX * (1 + mfu) * 3 // 4)
+    return Panel(title, figure.update_xaxes(title_text="step", row=1 + mfu, col=1), note)
 
 
 def phases_panel(steps: pd.DataFrame) -> Panel:
@@ -151,7 +165,7 @@ def gpu_panel(system: pd.DataFrame, start_unix_s: float | None) -> Panel:
             for column in columns:
                 figure.add_trace(_line(samples, "elapsed_s", column, f"GPU {int(device)} {GPU_SERIES_NAMES[column]}"),
                                  row=row, col=1)
-    _layout(figure, x_title="", height=170 * len(rows) + 60)
+    _layout(figure, x_title="", height=170 * len(rows) + 60).update_layout(legend=LEGEND_BESIDE)
     _seconds_axis(figure)
     figure.update_xaxes(title_text="seconds since start", row=len(rows), col=1)
     return Panel(title, figure)
@@ -455,17 +469,24 @@ def kernel_types_panel(kernel_types: pd.DataFrame) -> Panel:
 
 
 def top_kernels_panel(top_kernels: pd.DataFrame) -> Panel:
+    """One bar per kernel of each rank, by its row (two kernels whose shortened names are alike stay two bars),
+    labelled with its shortened name; the full name on hover."""
     title = "Top kernels by total time"
     if top_kernels.empty:
         return Panel(title, None, "No GPU kernels in this trace.")
-    shown = top_kernels.sort_values("total_us")
-    names = [f"r{int(r)} {name[:KERNEL_NAME_CHARS]}" for r, name in zip(shown["rank"], shown["name"])]
-    figure = go.Figure(go.Bar(x=shown["total_us"] / 1e3, y=names, orientation="h",
-                              customdata=shown[["count", "mean_us"]], hovertemplate=(
-                                  "%{y}<br>%{x:.2f} ms total, %{customdata[0]} calls, "
-                                  "%{customdata[1]:.1f} µs mean<extra></extra>")))
-    figure.update_yaxes(automargin=True)
-    return Panel(title, _layout(figure, x_title="ms", height=max(CHART_HEIGHT_PX, 26 * len(names) + 80)))
+    shown = top_kernels.sort_values("total_us").reset_index(drop=True)
+    ids = [f"kernel {i}" for i in range(len(shown))]
+    labels = [f"r{int(r)} {_short_kernel(name)}" for r, name in zip(shown["rank"], shown["name"])]
+    figure = go.Figure(go.Bar(x=shown["total_us"] / 1e3, y=ids, orientation="h",
+                              customdata=shown[["name", "count", "mean_us"]], hovertemplate=(
+                                  "%{customdata[0]}<br>%{x:.2f} ms total, %{customdata[1]} calls, "
+                                  "%{customdata[2]:.1f} µs mean<extra></extra>")))
+    figure.update_yaxes(automargin=True, type="category", tickmode="array", tickvals=ids, ticktext=labels)
+    return Panel(title, _layout(figure, x_title="ms", height=max(CHART_HEIGHT_PX, 26 * len(ids) + 80)))
+
+
+def _short_kernel(name: str) -> str:
+    return name if len(name) <= KERNEL_NAME_CHARS else name[:KERNEL_NAME_CHARS - 1] + "…"
 
 
 def tune_trials_panel(trials: list[dict]) -> Panel:
@@ -486,10 +507,10 @@ def tune_trials_panel(trials: list[dict]) -> Panel:
         go.Scatter(x=[estimate for _, _, estimate in measured], y=labels, mode="markers", name="the finding's estimate",
                    marker=dict(symbol="diamond-open", size=12)),
     ])
-    figure.add_vline(x=1.0, line_dash="dot", annotation_text="baseline")
+    figure.add_vline(x=1.0, line_dash="dot")  # the baseline, as the axis title says: a label there would sit on a row
     figure.update_layout(hovermode="closest")
     height = max(CHART_HEIGHT_PX // 2, 60 + 40 * len(measured))
-    return Panel(title, _layout(figure, x_title="speedup over the baseline (×, above 1 is faster)", height=height))
+    return Panel(title, _layout(figure, x_title="speedup over the baseline (×, right of the dotted 1× is faster)", height=height))
 
 
 def trace_memory_panel(memory_timeline: pd.DataFrame) -> Panel:

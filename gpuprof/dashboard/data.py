@@ -20,9 +20,8 @@ import streamlit as st
 from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
 from gpuprof.dashboard import DEFAULT_REFRESH_S, MIN_REFRESH_S, REFRESH_ENV, RUNS_DIR_ENV, default_runs_dir
 from gpuprof.errors import GpuprofError
-from gpuprof.report import Report, TraceWindow, build_report
-from gpuprof.report.build import trace_window
-from gpuprof.report.trace_report import TraceReport, trace_folder_report
+from gpuprof.report import Report, build_report
+from gpuprof.report.trace_report import TraceReport, build_trace_report, trace_folder_report
 from gpuprof.run.reader import find_run_dirs, find_trace_dirs
 from gpuprof.run.schema import EventKind
 from gpuprof.tune.tuning import RESULT_FILE, read_result
@@ -214,10 +213,11 @@ def overlay_panels(path_a: str, signature_a: tuple, path_b: str, signature_b: tu
     ]
 
 
-@st.cache_data(show_spinner="Analysing trace…", max_entries=16)
-def uploaded_trace(files: tuple[str, ...], file_signature: tuple) -> TraceWindow:
-    """The trace analyzer's tables of a trace file uploaded to the Trace page (runs' windows are in their reports)."""
-    return trace_window("upload", [Path(file) for file in files])
+@st.cache_resource(show_spinner="Analysing trace…", max_entries=16)
+def uploaded_trace_report(file: str, file_signature: tuple) -> TraceReport:
+    """The report of a trace file uploaded to the Trace page, as `gpuprof trace` makes it (verdict, findings,
+    tables); one analysis serves every rerun, not copied per rerun as cache_data would."""
+    return build_trace_report(file, jobs=1)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

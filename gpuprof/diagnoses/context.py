@@ -16,6 +16,7 @@ from gpuprof.analysis.run.ranks import hangs, rank_outcomes
 from gpuprof.analysis.run.summary import (
     RunSummary, first_row, measured_samples, measured_steps, primary_device, summarize, trace_summary,
 )
+from gpuprof.diagnoses.fits import Hardware, parse_capability
 from gpuprof.run import query as q
 from gpuprof.run import schema
 from gpuprof.errors import GpuprofError
@@ -35,17 +36,6 @@ DEVICE_FIGURES = {
     "gpu_util_mean_pct": q.mean("gpu_util_pct"),
     "gpu_util_samples": q.count("gpu_util_pct"),
 }
-
-
-def parse_capability(value) -> tuple[int, int] | None:
-    """CUDA compute capability as (major, minor), from "8.0" or [8, 0]."""
-    if value is None:
-        return None
-    parts = str(value).split(".") if isinstance(value, (str, float)) else list(value)
-    try:
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except (ValueError, IndexError):
-        return None
 
 
 class Context:
@@ -88,6 +78,12 @@ class Context:
         return self.on_gpu and capability is not None and capability >= TENSOR_CORE_MIN_CAPABILITY
 
     @property
+    def hardware(self) -> Hardware:
+        """What the device and host the run was recorded on support: every fix that names a dtype, TF32,
+        pinned memory or loader workers asks it (gpuprof.diagnoses.fits)."""
+        return Hardware.of(self.meta, self.host_cpu_count)
+
+    @property
     def device_figures(self) -> dict:
         """`DEVICE_FIGURES` over the measured device samples (None where unknown)."""
         return self.summary.device_figures
@@ -100,7 +96,8 @@ class Context:
 
     def loop(self, part: str) -> dict:
         """What capture saw of the training loop itself: meta["loop"][part] for part in model,
-        optimizer, loader, torch ({} when not recorded, as in a bare trace); rules read the loop here."""
+        optimizer, loader, torch ({} when not recorded; a bare trace has only what its ops show of the model,
+        `traced_model`); rules read the loop here."""
         facts = (self.meta.get("loop") or {}).get(part)
         return facts if isinstance(facts, dict) else {}
 
@@ -285,9 +282,29 @@ class RunContext(Context):
             return None
 
 
+# Ops that are fused attention: torch's scaled_dot_product_attention (and the kernels it dispatches to), flash-attn.
+FUSED_ATTENTION_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product", "flash_attn")
+# softmax(QK^T)V computed op by op: a softmax beside batched matmuls (a linear layer runs addmm or mm, not bmm).
+EAGER_ATTENTION_OPS = {"aten::softmax", "aten::bmm"}
+COMPILED_REGIONS = ("Torch-Compiled Region", "CompiledFunction")
+
+
+def traced_model(analysis) -> dict:
+    """What a trace's op names show of the model, in the keys of a run's meta["loop"]["model"]: its attention
+    (sdpa when a fused attention op ran, eager for a softmax beside batched matmuls and no fused op, else None:
+    no attention seen) and whether torch.compile ran it."""
+    names: set[str] = set()
+    for rank_trace in analysis.trace.ranks.values():
+        names.update(str(name) for name in rank_trace.events["name"].unique())
+    fused = any(name.startswith(FUSED_ATTENTION_OPS) for name in names)
+    attention = "sdpa" if fused else "eager" if EAGER_ATTENTION_OPS <= names else None
+    return {"attn_implementation": attention, "compiled": any(name.startswith(COMPILED_REGIONS) for name in names)}
+
+
 def trace_meta(analysis) -> dict:
     """What a bare trace records of the run's world and devices, in the run meta's keys: Kineto's
-    `distributedInfo` and `deviceProperties` (CUDA and ROCm alike are torch's "cuda" devices)."""
+    `distributedInfo` and `deviceProperties` (CUDA and ROCm alike are torch's "cuda" devices), and what its
+    ops show of the model (`traced_model`)."""
     ranks = list(analysis.trace.ranks.values())
     first = ranks[0]
     properties = first.device_properties[0] if first.device_properties else {}
@@ -297,7 +314,8 @@ def trace_meta(analysis) -> dict:
     if properties.get("totalGlobalMem"):
         device["total_memory_bytes"] = int(properties["totalGlobalMem"])
     world_size = max((rank.world_size or 0 for rank in ranks), default=0) or len(ranks)
-    return {"world_size": world_size, "devices": [device], "distributed": {"backend": first.backend}}
+    return {"world_size": world_size, "devices": [device], "distributed": {"backend": first.backend},
+            "loop": {"model": traced_model(analysis)}}
 
 
 def trace_context(analysis, name: str, path: str) -> TraceContext:

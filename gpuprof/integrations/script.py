@@ -60,6 +60,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from gpuprof import module_hooks
+from gpuprof.torch_compat import foreach_norm, run_eagerly
 from gpuprof.capture.environment import resolve_device
 from gpuprof.capture.losses import BackwardLosses, watch_starts
 from gpuprof.capture.phases import is_training_call
@@ -68,6 +69,7 @@ from gpuprof.capture.timing import clock_for
 from gpuprof.errors import GpuprofError
 from gpuprof.integrations.batches import ForwardInputs, call_tokens
 from gpuprof.integrations.knobs import KnobPatches
+from gpuprof.numerics import construction
 from gpuprof.numerics.watch import GPUPROF_DIR, TORCH_DIR, outside
 from gpuprof.optimizers import params_of
 
@@ -99,6 +101,7 @@ def run_script(script: str, args: list[str], run_dir: str, *, knobs=(), max_step
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv, sys.path[0] = [path, *args], os.path.dirname(path)  # as `python SCRIPT` sets them
     recorder.install()
+    construction.record_constructions(path)  # how the script builds its model, for `gpuprof replay`
     try:
         runpy.run_path(path, run_name="__main__")
     except StepLimitReached:
@@ -116,6 +119,7 @@ def run_script(script: str, args: list[str], run_dir: str, *, knobs=(), max_step
         recorder.finish("finished")
         return 0
     finally:
+        construction.stop_recording()
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
@@ -386,7 +390,7 @@ class ScriptRecorder:
                                exc_info=True)
                 return None
 
-        return torch._dynamo.disable(guarded)  # never traced into a compiled model or optimizer step
+        return run_eagerly(guarded)  # never traced into a compiled model or optimizer step
 
 
 @dataclass
@@ -481,7 +485,7 @@ def _gradients_released(model: torch.nn.Module) -> bool:
     """Whether no gradient of `model` is left from the backward() before (None, or all zero: the one host-device
     sync of a discovery, not of a step)."""
     grads = [param.grad for param in model.parameters() if param.grad is not None]
-    return not grads or not bool(torch.stack(torch._foreach_norm(grads)).any())
+    return not grads or not bool(torch.stack(foreach_norm(grads)).any())
 
 
 def _holder_of(optimizer, modules) -> torch.nn.Module | None:

@@ -7,6 +7,8 @@
     blame.py      the event's fields and how they are printed
     detectors.py  GradScaler trouble, loss / grad-norm spikes, per-layer gradient outliers
     bundle.py     replay bundles (weights_only) ; replay.py  `gpuprof replay`'s engine
+    evaluation.py the outputs of evaluation forwards between steps: a blow-up no step followed
+    construction.py  how `gpuprof run`'s script built its model: the recipe replay rebuilds it from
 
 docs/numerics.md explains how to read a report.
 """

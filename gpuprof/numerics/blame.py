@@ -29,10 +29,12 @@ class Blame:
     micro_batch: int | None = None
     tensor: str | None = None  # the parameter / optimizer-state entry, for phase state/optimizer
     # what the always-on flags saw: "loss", "backward_loss" (a loss backward() ran on that the loop did not
-    # pass to prof.step()), "grads", "params", "optimizer_state", "scaler_overflow"
+    # pass to prof.step()), "grads", "params", "optimizer_state", "scaler_overflow", "evaluation" (the output of an
+    # evaluation forward after the step's update: numerics.evaluation)
     trigger: str | None = None
     cause: dict[str, Any] | None = None  # an earlier step to look at, e.g. an oversized update
     bundle: str | None = None
+    replay_with: str | None = None  # the command (or Python) that re-runs the bundle (investigation.replay_command)
     kept_state: str | None = None  # keep_state "when_bad": what of the state was kept where (numerics budget.py)
     notes: list[str] = field(default_factory=list)
 
@@ -59,11 +61,22 @@ class Blame:
                        "no blame")
             return f"non-finite {self.trigger or 'value'}; not reproduced: {why}"
         where = self.module or "outside any module"
-        what = f"{self.first} in {self.tensor}" if self.phase == "state" else f"first {self.first} from {self.op}"
+        what = f"first {self.first} from {self.op}" if self.op else f"{self.first} in {self.tensor}"
         line = f"{what} ({self.phase}, {where})"
         if self.cause:
             line += f"; {self.cause['summary']}"
         return line
+
+
+def at_the_update(blame: Blame) -> Blame:
+    """`blame`, moved to the update that wrote its value: a tensor of the weights or optimizer state found non-finite
+    as the step began (phase "state"), which the previous step's update made so (its cause, kind "nonfinite_update",
+    numerics.detectors) is blamed on that update (phase "optimizer"), where it first went non-finite. Neither the
+    forensic re-run nor a replay runs that update again: the state before it was not kept."""
+    cause = blame.cause or {}
+    if blame.phase == "state" and blame.tensor not in (None, "batch") and cause.get("kind") == "nonfinite_update":
+        blame.step, blame.phase = cause["step"], "optimizer"
+    return blame
 
 
 def format_blame(blame: Blame) -> str:

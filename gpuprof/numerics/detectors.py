@@ -5,7 +5,8 @@
 - `SpikeDetector`: a loss or gradient-norm value far above its rolling window (z-score).
 - `LayerGradients`: a block whose gradient norm is far above (exploding) or below
   (vanishing) the median block at the same step.
-- `oversized_update`: the step whose update made the weights jump, for a later non-finite step.
+- `oversized_update`: the step whose update made the weights jump, for a later non-finite step;
+  `nonfinite_update`: the step whose update made them non-finite.
 An event is a dict with kind, severity, message, step and details (Profiler.event's arguments).
 """
 
@@ -153,18 +154,38 @@ def oversized_update(history: list[dict[str, Any]], bad_step: int, ratio: float 
         if not before or not after or not before.get("param_absmax"):
             continue
         growth = after["param_absmax"] / before["param_absmax"]
-        if math.isfinite(growth) and growth >= ratio:  # a non-finite weight is blamed as state instead
-            group, lr, median_lr = _largest_lr_rise(by_step, step, lookback)
-            lr_text = "lr unknown" if lr is None else f"lr {lr:.3g}" + (
-                f" of param group {group}" if len(before.get("lrs") or []) > 1 else "")
-            if lr is not None and median_lr:
-                lr_text += f", {lr / median_lr:.3g}x the median lr before it"
-            return {"kind": "oversized_update", "step": step, "param_absmax_before": before["param_absmax"],
-                    "param_absmax_after": after["param_absmax"], "lr": lr, "median_lr": median_lr,
-                    "param_group": group,
-                    "summary": f"step {step}'s update grew the largest |weight| from "
-                               f"{before['param_absmax']:.3g} to {after['param_absmax']:.3g} ({lr_text})"}
+        if math.isfinite(growth) and growth >= ratio:  # a non-finite weight is nonfinite_update's
+            return _update_cause("oversized_update", by_step, step, lookback, before["param_absmax"],
+                                 after["param_absmax"], f"grew the largest |weight| from {before['param_absmax']:.3g} "
+                                 f"to {after['param_absmax']:.3g}")
     return None
+
+
+def nonfinite_update(history: list[dict[str, Any]], bad_step: int, lookback: int = 20) -> dict[str, Any] | None:
+    """The update of the step before `bad_step` when it made the weights non-finite: the largest |weight|
+    (`param_absmax` in `history`, as oversized_update reads it) finite as that step began and not right after its
+    update (`param_absmax_after`). That step's loss and gradients were finite, or it would be the bad step."""
+    by_step = {row["step"]: row for row in history}
+    step = bad_step - 1
+    row = by_step.get(step) or {}
+    before, after = row.get("param_absmax"), row.get("param_absmax_after")
+    if before is None or after is None or not math.isfinite(before) or math.isfinite(after):
+        return None
+    return _update_cause("nonfinite_update", by_step, step, lookback, before, after,
+                         f"made the weights non-finite: the largest |weight| {before:.3g} as it began, "
+                         f"{after} after it")
+
+
+def _update_cause(kind: str, by_step: dict[int, dict[str, Any]], step: int, lookback: int, before: float,
+                  after: float, what: str) -> dict[str, Any]:
+    """The cause dict of step `step`'s update, which did `what`, with the lr it ran with."""
+    group, lr, median_lr = _largest_lr_rise(by_step, step, lookback)
+    lr_text = "lr unknown" if lr is None else f"lr {lr:.3g}" + (
+        f" of param group {group}" if len(by_step[step].get("lrs") or []) > 1 else "")
+    if lr is not None and median_lr and math.isfinite(lr):
+        lr_text += f", {lr / median_lr:.3g}x the median lr before it"
+    return {"kind": kind, "step": step, "param_absmax_before": before, "param_absmax_after": after, "lr": lr,
+            "median_lr": median_lr, "param_group": group, "summary": f"step {step}'s update {what} ({lr_text})"}
 
 
 def _largest_lr_rise(by_step: dict[int, dict[str, Any]], step: int, lookback: int):
@@ -180,5 +201,6 @@ def _largest_lr_rise(by_step: dict[int, dict[str, Any]], step: int, lookback: in
         rises.append((lr / median_lr if median_lr else 0.0, group, lr, median_lr))
     if not rises:
         return None, None, None
-    _, group, lr, median_lr = max(rises, key=lambda rise: rise[0])
+    # a nan lr (its rise nan) is the largest rise of all
+    _, group, lr, median_lr = max(rises, key=lambda rise: rise[0] if math.isfinite(rise[0]) else math.inf)
     return group, lr, median_lr

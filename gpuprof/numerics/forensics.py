@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from gpuprof.modules import eager_model
 from gpuprof.numerics.blame import Blame
+from gpuprof.torch_compat import tree_flatten
 from gpuprof.numerics.state import (
     OPTIMIZER_KEY_SEPARATOR, StepInputs, live_tensors, owning_module, set_rng_states,
 )

@@ -6,18 +6,24 @@ answer, with the reason in the notes (a detection is never lost to a forensic fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from typing import Any, Callable
 
-from gpuprof.modules import is_sharded
-from gpuprof.numerics import bundle
-from gpuprof.numerics.blame import NOT_REPRODUCED, Blame
-from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, oversized_update
+import torch
+
+from gpuprof.modules import eager_model, is_sharded
+from gpuprof.numerics import bundle, construction
+from gpuprof.numerics.blame import NOT_REPRODUCED, Blame, at_the_update
+from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, nonfinite_update, oversized_update
+from gpuprof.numerics.evaluation import EVALUATION_TRIGGER, Evaluation, evaluation_loss
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
 from gpuprof.numerics.keeping import StepKeeping
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import VERIFY_EVERY, TapeError, encode_micro_batch
 from gpuprof.optimizers import members, params_of, params_without_optimizer
+from gpuprof.torch_compat import tree_map
 
 logger = logging.getLogger("gpuprof")
 
@@ -43,12 +49,40 @@ class Investigator:
         Never raises: what the flags saw is the answer when the re-run cannot run or fails,
         with the reason in the notes (a detection is never lost to a forensic failure)."""
         blame = Blame(step=step, rank=self._rank, trigger=trigger)
-        try:
-            return self._reenact(step, blame, history)
-        except Exception as error:  # noqa: BLE001 - our failure, not the user's: report it, keep going
-            logger.warning("gpuprof: forensic re-run of step %d failed: %r", step, error)
-            blame.notes.append(f"{NOT_REPRODUCED}the forensic re-run failed ({error!r})")
-            return blame
+        return _never_raising(blame, lambda: self._reenact(step, blame, history))
+
+    def investigate_evaluation(self, evaluation: Evaluation, history) -> Blame:
+        """Re-runs the evaluation forward whose output was not finite, on the weights it ran on (those the update
+        of step `evaluation.after_step` left: no training step changed them since), and writes its replay bundle.
+        Never raises, as investigate()."""
+        blame = Blame(step=evaluation.after_step, rank=self._rank, trigger=EVALUATION_TRIGGER)
+        return _never_raising(blame, lambda: self._reenact_evaluation(evaluation, blame, history))
+
+    def discard(self, blame: Blame) -> None:
+        """Removes the bundle (and model file) of a blame that will not be reported."""
+        for path in (blame.bundle, f"{blame.bundle}.model") if blame.bundle else ():
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+    def _reenact_evaluation(self, evaluation: Evaluation, blame: Blame, history) -> Blame:
+        model, _, _ = private_copy(self.model, None, None)
+        inputs = StepInputs(step=blame.step, rng=evaluation.rng, hyper=[], other_device={}, non_tensor={},
+                            training=False, autocast=evaluation.autocast)
+        # copies: the evaluation's own may be inference tensors (torch.inference_mode), which autograd refuses
+        batch = tree_map(lambda value: value.clone() if isinstance(value, torch.Tensor) else value, evaluation.batch)
+        contents = self._bundle_contents(model, None, None, inputs, [batch], EVALUATION_TRIGGER)
+        found = reenact(model, None, None, evaluation_loss, [batch], inputs, rank=blame.rank)
+        found.trigger = blame.trigger
+        found.notes.append(f"an evaluation (a forward with gradients off) right after step {blame.step}'s update "
+                           "went non-finite, with no training step after it: its forward was re-run on the weights "
+                           "that update left")
+        after = {"step": blame.step + 1, "param_absmax": self._keeping.weight_sample_absmax(), "lrs": None}
+        found.cause = oversized_update([*history, after], blame.step + 1)
+        if not found.reproduced:
+            found.notes.append(NOT_REPRODUCED + "the re-run of the evaluation stayed finite (a non-deterministic "
+                               "kernel, or state changed outside the model)")
+        self._save_bundle(found, contents)
+        return found
 
     def _reenact(self, step: int, blame: Blame, history) -> Blame:
         if is_sharded(self.model):
@@ -76,14 +110,23 @@ class Investigator:
         contents = self._bundle_contents(model, optimizer, scaler, inputs, micro_batches, loss_kind)
         found = reenact(model, optimizer, scaler, loss_fn, micro_batches, inputs, rank=blame.rank)
         found.trigger, found.notes, found.kept_state = blame.trigger, blame.notes + found.notes, blame.kept_state
-        found.cause = oversized_update(history, step)
+        found.cause = nonfinite_update(history, step) or oversized_update(history, step)
         self._explain(found, inputs)
+        if at_the_update(found).step != step:
+            found.notes.append(f"{found.tensor} was already non-finite as step {step} began; the weights were "
+                               f"finite as step {found.step} began and not right after its update, its loss and "
+                               "gradients finite: that update made them so (not re-run: the state before it was not "
+                               "kept)")
         self._save_bundle(found, contents)
         return found
 
     def _save_bundle(self, blame: Blame, contents: dict[str, Any]) -> None:
         path = bundle.bundle_path(self._run_dir, blame.step, blame.rank)
         try:
+            builder, model = contents["builder"], contents.pop("model")
+            if builder is not None and builder["name"] == construction.SNIPPET:
+                builder["config"]["model_file"] = construction.save_model(model, str(path) + ".model")
+            blame.replay_with = replay_command(str(path), builder)
             bundle.save(path, {**contents, "blame": {**blame.details(), "bundle": str(path)}})
             blame.bundle = str(path)
         except Exception as error:  # noqa: BLE001 - the blame stands without its bundle
@@ -138,8 +181,27 @@ class Investigator:
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": inputs.rng, "micro_batches": micro_batches, "loss": loss_kind,
             "inputs": {"training": inputs.training, "autocast": inputs.autocast},
-            "builder": self._builder or bundle.builder_for(model),
+            "builder": self._builder or bundle.builder_for(model) or construction.builder_for(eager_model(self.model)),
+            "model": model,  # pickled beside the bundle where no builder can rebuild it; never in it
         })
+
+
+def replay_command(path: str, builder: dict[str, Any] | None) -> str:
+    """What re-runs the bundle at `path`: `gpuprof replay PATH` where the command line can rebuild its model, else
+    the Python that replays it (construction.replay_snippet)."""
+    if builder is not None and builder.get("name") != construction.SNIPPET:
+        return f"gpuprof replay {path}"
+    return construction.replay_snippet(path, (builder or {}).get("config") or {})
+
+
+def _never_raising(blame: Blame, reenact_step: Callable[[], Blame]) -> Blame:
+    """reenact_step(), or `blame` (what the flags saw) with the reason when it fails."""
+    try:
+        return reenact_step()
+    except Exception as error:  # noqa: BLE001 - our failure, not the user's: report it, keep going
+        logger.warning("gpuprof: forensic re-run of step %d failed: %r", blame.step, error)
+        blame.notes.append(f"{NOT_REPRODUCED}the forensic re-run failed ({error!r})")
+        return blame
 
 
 def _optimizer_entry(optimizer, names: dict[int, str]) -> dict[str, Any] | list[dict[str, Any]] | None:

@@ -25,6 +25,7 @@ import torch
 from gpuprof.modules import eager_model, local_tensor, named_parameters
 from gpuprof.numerics import budget, device_copy
 from gpuprof.numerics.device_keeper import ConditionalKeeper
+from gpuprof.torch_compat import foreach_norm
 from gpuprof.numerics.state import (
     OPTIMIZER_KEY_SEPARATOR, SCALER_PREFIX, StateKeeper, StepInputs, hyperparameters, live_tensors,
     non_tensor_optimizer_state, param_names, rng_states,
@@ -104,6 +105,10 @@ class StepKeeping:
         self.current.param_absmax = absmax if absmax is not None else self._weights.absmax(step)
         return self.current
 
+    def weight_sample_absmax(self) -> float | None:
+        """The largest |weight| now, as each step's `param_absmax` measures it (its sample of each weight)."""
+        return self._weights.now()
+
     def end(self, inputs: StepInputs, watched: torch.Tensor | list[float], flags: int) -> None:
         """The step ended with these watched values (the first `flags` of them are flags): a device
         vector, or host floats where reading costs no sync."""
@@ -168,13 +173,14 @@ class StepKeeping:
         what the re-run replays and what an lr cause names."""
         if self.current is not None:
             self.current.hyper = hyperparameters(self.optimizer)
+            self.current.param_absmax_after = self._weights.after_update()
 
     def after_backward(self) -> None:
         """Without capture's gradient norms (grad_norms=False), the end of each backward pass stands in
         for the moment before the update."""
         grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
         if grads and self.lazily:
-            self.before_update(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0))))
+            self.before_update(torch.linalg.vector_norm(torch.stack(foreach_norm(grads, 2.0))))
 
     def _keep_now(self, inputs: StepInputs) -> None:
         placement = self.placement_at(inputs.step)
@@ -277,7 +283,7 @@ def _absmax(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     if device.type == "cpu":  # there the foreach inf-norm is a scalar loop, 5-15x slower than aminmax
         lows, highs = zip(*(torch.aminmax(tensor) for tensor in tensors))  # NaN propagates, like the norm
         return torch.maximum(torch.stack(lows).neg(), torch.stack(highs)).float().max()  # one op a tensor
-    return torch.stack(torch._foreach_norm(tensors, float("inf"))).float().max()
+    return torch.stack(foreach_norm(tensors, float("inf"))).float().max()
 
 
 def absmax_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -306,13 +312,25 @@ class _WeightSample:
         self._sample: torch.Tensor | None = None  # the views' elements, copied: None without any
 
     def absmax(self, step: int) -> torch.Tensor:
-        if self._views is None or (self._refresh_steps and step % self._refresh_steps == 0):
+        return self._read(refresh=self._views is None or bool(self._refresh_steps and step % self._refresh_steps == 0))
+
+    def after_update(self) -> torch.Tensor:
+        """The same largest |weight| right after the step's update, from the same views: tells an update that made a
+        weight non-finite from a write after it (numerics.detectors.nonfinite_update)."""
+        return self._read(refresh=self._views is None)
+
+    def _read(self, refresh: bool) -> torch.Tensor:
+        if refresh:
             self._sample = self._new_sample()
         elif self._sample is not None:
             torch.cat(self._views, out=self._sample)
         if self._sample is None:
             return torch.zeros((), device=self._device)
         return self._sample.abs_().max()  # NaN propagates; read with the step record
+
+    def now(self) -> float | None:
+        """The largest |weight| of the sample as the weights are now (a read: for a report, not per step)."""
+        return None if self._sample is None else torch.cat(self._views).abs().max().item()
 
     def _new_sample(self) -> torch.Tensor | None:
         weights = _local([p.detach() for _, p in named_parameters(self._model)])  # FSDP2's shards

@@ -9,6 +9,8 @@ largest |parameter| and |optimizer state|; then the largest |weight| at the star
 when any of them is non-finite. The values reach the host with the step record (a step or two
 later on CUDA, at once on CPU); the first bad step is then re-run from the kept state in
 forensic mode and reported as a `nonfinite` event plus a replay bundle in RUN/numerics/.
+The output of each evaluation forward between steps is watched too (evaluation.py): a blow-up that only an
+evaluation saw, the loop dying before another step, is re-run and reported from it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from gpuprof.modules import eager_model, materialized
 from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, LayerGradients, ScalerTimeline, SpikeDetector
+from gpuprof.numerics.evaluation import EvaluationOutputs
 from gpuprof.numerics.investigation import Investigator
 from gpuprof.numerics.keeping import StepKeeping, absmax_of
 from gpuprof.numerics.options import NumericsOptions
@@ -61,6 +64,8 @@ class NumericsMonitor:
         self.stop_training: NonFiniteError | None = None
         self._prof = None
         self._investigator: Investigator | None = None
+        self._evaluations: EvaluationOutputs | None = None
+        self._held: Blame | None = None  # an evaluation's blame, until the step after it shows whether it is first
         self._history: deque[dict[str, Any]] = deque(maxlen=100)
         self._reports = 0
         self._later_bad_steps = 0
@@ -85,6 +90,7 @@ class NumericsMonitor:
             self._keeping, loss_fn=self.loss_fn, gradients=self._gradients, builder=self.options.builder,
             run_dir=prof.run_dir, rank=prof.ranks.rank, device_type=prof.device.type)
         guard = prof.collectors.guard
+        self._evaluations = EvaluationOutputs(self.model, lambda hook: guard(self, "evaluation_output", hook))
         self._handles.append(prof.collectors.hook(self, self.model, "forward_pre", self._on_forward))
         self._keeping.start(prof.device, undo_updates=self.policy == "skip")
         if self._gradients is not None:
@@ -104,6 +110,10 @@ class NumericsMonitor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._evaluations is not None:
+            self._evaluations.close()
+            self._settle_held(prof, superseded=False)  # no step's record came after it
+            self._report_evaluation(prof)  # the loop may have died in, or right after, an evaluation
         if self._later_bad_steps:
             prof.event(EventKind.NONFINITE_STEPS, f"{self._later_bad_steps} more non-finite steps after the reported one",
                        severity="warning", count=self._later_bad_steps)
@@ -136,7 +146,8 @@ class NumericsMonitor:
         watched = self._watched_values(state, inputs)
         self._keeping.end(inputs, watched, len(_FLAGS))
         return {"_numerics_values": watched, "_numerics_lrs": _lrs(inputs.hyper),
-                "_numerics_param_absmax": inputs.param_absmax}
+                "_numerics_param_absmax": inputs.param_absmax,
+                "_numerics_param_absmax_after": inputs.param_absmax_after}
 
     def on_step_record(self, prof, record: dict) -> None:
         step = record["step"]
@@ -147,6 +158,7 @@ class NumericsMonitor:
             self._say_placements(prof)
         values = record.get("_numerics_values") or [0.0] * len(_FLAGS)
         self._history.append({"step": step, "param_absmax": record.get("_numerics_param_absmax"),
+                              "param_absmax_after": record.get("_numerics_param_absmax_after"),
                               "lrs": record.get("_numerics_lrs")})
         for event in self._observe(step, record):
             prof.event(event["kind"], event["message"], severity=event["severity"], step=event["step"],
@@ -154,6 +166,8 @@ class NumericsMonitor:
         bad = _nonfinite(values)
         if bad:
             self._on_nonfinite(prof, step, bad)
+        if self._held is not None and step > self._held.step:
+            self._settle_held(prof, superseded=bool(bad))
         self._keeping.read(step, bool(bad))
 
     def _say_placements(self, prof) -> None:
@@ -171,8 +185,11 @@ class NumericsMonitor:
 
     # ------------------------------------------------------------------ always-on path
     def _on_forward(self, module, args, kwargs) -> None:
-        if not torch.is_grad_enabled():
-            return  # evaluation inside the loop is not part of the step
+        if not torch.is_grad_enabled():  # evaluation inside the loop is not part of the step: only its output is
+            self._evaluations.before_forward(self._prof.step_index - 1, args, kwargs)
+            return
+        if self._keeping.current is None:
+            self._hold_evaluation()  # before this step's update changes the weights it ran on
         if self._lazy:
             self._lazy = materialized(self.model.parameters()) is None
             if self._lazy:
@@ -227,6 +244,35 @@ class NumericsMonitor:
             return
         self._reports += 1
         blame = self.investigate(step, trigger=flags[0])
+        self._report(prof, blame.step, blame)  # an earlier step, where its update made the weights non-finite
+
+    def _report_evaluation(self, prof) -> None:
+        """An evaluation since the last training step whose output was not finite, with no step after it: its
+        forward re-run on the weights it ran on (no step's flags would see them when the loop dies next)."""
+        evaluation = self._evaluations.first_nonfinite()
+        if evaluation is None or self._reports >= self.options.max_reports:
+            return
+        self._reports += 1
+        self._report(prof, evaluation.after_step, self._investigator.investigate_evaluation(evaluation, self._history))
+
+    def _hold_evaluation(self) -> None:
+        """A training step follows a non-finite evaluation: its blame is made now, on the weights it ran on, and
+        reported only where that step's own flags stay finite (a step that goes bad is blamed as a whole step)."""
+        evaluation = self._evaluations.first_nonfinite()
+        if evaluation is not None and self._held is None and self._reports < self.options.max_reports:
+            self._held = self._investigator.investigate_evaluation(evaluation, self._history)
+
+    def _settle_held(self, prof, superseded: bool) -> None:
+        blame, self._held = self._held, None
+        if blame is None:
+            return
+        if superseded:
+            self._investigator.discard(blame)
+            return
+        self._reports += 1
+        self._report(prof, blame.step, blame)
+
+    def _report(self, prof, step: int, blame: Blame) -> None:
         details = {key: value for key, value in blame.details().items() if key != "step"}
         prof.event(EventKind.NONFINITE, blame.message(), severity="critical", step=step, **details)
         if self.policy == "raise":

@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import torch
 
-from gpuprof.numerics import bundle
-from gpuprof.numerics.blame import Blame
+from gpuprof.numerics import bundle, construction
+from gpuprof.numerics.blame import Blame, at_the_update
 from gpuprof.numerics.bundle import BundleError
+from gpuprof.numerics.evaluation import EVALUATION_TRIGGER, evaluation_loss
 from gpuprof.numerics.forensics import LossFn, default_loss, reenact
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import TapeError, decode_micro_batch
@@ -33,7 +34,7 @@ def replay(path: str | os.PathLike, *, model: torch.nn.Module | None = None, los
     contents = bundle.load(path)
     device = torch.device(device or ("cuda" if contents.get("device_type") == "cuda"
                                      and torch.cuda.is_available() else "cpu"))
-    model, loss_fn = _model_and_loss(contents, model, loss_fn, {**BUILDERS, **(builders or {})})
+    model, loss_fn = _model_and_loss(path, contents, model, loss_fn, {**BUILDERS, **(builders or {})})
     try:
         model.load_state_dict(contents["model_state"])
     except RuntimeError as error:
@@ -50,7 +51,17 @@ def replay(path: str | os.PathLike, *, model: torch.nn.Module | None = None, los
         raise BundleError(f"re-running the bundle's step failed: {error!r}") from None
     recorded = Blame.from_details(contents["blame"])
     blame.trigger, blame.cause, blame.bundle = recorded.trigger, recorded.cause, os.fspath(path)
-    return blame, recorded
+    return at_the_update(blame), recorded
+
+
+def recipe_model(config: dict[str, Any]) -> tuple[torch.nn.Module, None]:
+    """The model its recorded construction describes (numerics.construction), its classes imported from the
+    folder replay runs in and the script's."""
+    with construction.importable_from(list(config.get("paths") or [])):
+        try:
+            return construction.build(config.get("model"), config.get("script")), None
+        except construction.NoRecipe as why:
+            raise BundleError(f"this bundle's model cannot be rebuilt here: {why}") from None
 
 
 def transformers_model(config: dict[str, Any]) -> tuple[torch.nn.Module, None]:
@@ -79,20 +90,22 @@ def _micro_batches(contents: dict[str, Any], device: torch.device) -> list:
         raise BundleError(f"this bundle's recorded loss cannot be replayed: {type(error).__name__}: {error}") from None
 
 
-BUILDERS: dict[str, Builder] = {"transformers": transformers_model}
+BUILDERS: dict[str, Builder] = {"transformers": transformers_model, construction.RECIPE: recipe_model}
 
 
 def same_blame(a: Blame, b: Blame) -> bool:
     return all(getattr(a, name) == getattr(b, name) for name in SAME_BLAME_FIELDS)
 
 
-def _model_and_loss(contents: dict[str, Any], model, loss_fn, builders: dict[str, Builder]):
+def _model_and_loss(path, contents: dict[str, Any], model, loss_fn, builders: dict[str, Builder]):
     if model is not None:
-        return model, loss_fn or default_loss
+        return model, loss_fn or _recorded_loss(contents)
     builder = contents.get("builder") or {}
     if builder.get("name") not in builders:
-        raise BundleError("this bundle's model cannot be rebuilt from the command line; replay it from Python "
-                          "with gpuprof.numerics.replay.replay(path, model=..., loss_fn=...)")
+        raise BundleError("this bundle's model cannot be rebuilt from the command line"
+                          + (f" ({builder['config']['reason']})" if (builder.get("config") or {}).get("reason") else "")
+                          + "; replay it from Python:\n"
+                          + construction.replay_snippet(os.fspath(path), builder.get("config") or {}))
     try:
         model, built_loss = builders[builder["name"]](builder.get("config") or {})
     except BundleError:
@@ -104,7 +117,12 @@ def _model_and_loss(contents: dict[str, Any], model, loss_fn, builders: dict[str
             raise BundleError("this bundle's step used a custom loss_fn, which a bundle cannot carry; replay it "
                               "from Python with gpuprof.numerics.replay.replay(path, loss_fn=...)")
         loss_fn = built_loss
-    return model, loss_fn or default_loss
+    return model, loss_fn or _recorded_loss(contents)
+
+
+def _recorded_loss(contents: dict[str, Any]) -> LossFn:
+    """The loss a bundle replays when the caller gives none: an evaluation's output, or model(...).loss."""
+    return evaluation_loss if contents["loss"] == EVALUATION_TRIGGER else default_loss
 
 
 def _optimizer(saved: dict[str, Any] | list[dict[str, Any]] | None, model: torch.nn.Module):

@@ -14,6 +14,7 @@ import torch
 from gpuprof.modules import eager_model, local_tensor
 from gpuprof.numerics.keeping import StepKeeping, absmax_of
 from gpuprof.numerics.state import live_tensors
+from gpuprof.torch_compat import foreach_copy_
 from gpuprof.optimizers import params_of
 
 
@@ -37,7 +38,7 @@ class SkipBadUpdates:
         with torch.no_grad():
             before = [kept[n] if n in kept else torch.zeros_like(t) for n, t in live.items()]
             restored = [torch.where(bad, old, t) for old, t in zip(before, live.values())]
-            torch._foreach_copy_(list(live.values()), restored)
+            foreach_copy_(list(live.values()), restored)
 
 
 def optimizer_grads(optimizer) -> list[torch.Tensor]:

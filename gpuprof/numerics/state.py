@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from gpuprof.modules import local_tensor, named_parameters
+from gpuprof.torch_compat import foreach_copy_
 
 OPTIMIZER_KEY_SEPARATOR = "::"
 SCALER_PREFIX = "scaler" + OPTIMIZER_KEY_SEPARATOR
@@ -118,6 +119,7 @@ class StepInputs:
     tape: Any = None  # tape.StepTape: the step's forward calls and loss program
     batch: Any = None
     param_absmax: torch.Tensor | None = None  # largest |weight| at the start of the step (device)
+    param_absmax_after: torch.Tensor | None = None  # the same right after the step's update (none without one)
     state_kept: bool = False  # lazy keeping (CPU): whether this step's state was copied
     updated_first: bool = False  # lazy keeping: an update with finite gradients ran before the copy
 
@@ -135,7 +137,7 @@ class _FlatCopy:
 
     def refresh(self, tensors: list[torch.Tensor], keep: torch.Tensor | None) -> None:
         if keep is None:
-            torch._foreach_copy_(self._views, [t.detach() for t in tensors])
+            foreach_copy_(self._views, [t.detach() for t in tensors])
         else:
             flat = torch.cat([t.detach().reshape(-1) for t in tensors])
             torch.where(keep, self.buffer, flat, out=self.buffer)

@@ -41,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from gpuprof import module_hooks
 from gpuprof.modules import eager_model
+from gpuprof.torch_compat import private, run_eagerly
 from gpuprof.numerics.watch import format_frame, user_frame
 
 DIRECT_AFTER = 3  # micro-batches in a row whose backward() ran on a model output
@@ -112,7 +113,7 @@ class StepTape:
 
 
 # one C call where autocast is off (the usual case); torch builds without it check each device
-_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_ANY_AUTOCAST = private("torch._C._is_any_autocast_enabled", lambda: True)
 
 
 def autocast_now() -> dict[str, str] | None:
@@ -164,7 +165,7 @@ class _LossWindow(TorchFunctionMode):
 
 # Called by torch inside a function torch.compile runs, the handler's own frame is not compiled (each call's
 # arguments would recompile it, up to dynamo's limit); traced as part of such a function, it still inlines.
-torch._dynamo.eval_frame.skip_code(_LossWindow.__torch_function__.__code__)
+private("torch._dynamo.eval_frame.skip_code", lambda code: None)(_LossWindow.__torch_function__.__code__)
 
 _LEAVE_KEY = "_gpuprof_leave_window"
 
@@ -218,7 +219,7 @@ class Tape:
 
     # ------------------------------------------------------------------ collector hooks
     def on_start(self, prof) -> None:
-        eager = torch._dynamo.disable  # hooks run eagerly around a compiled model
+        eager = run_eagerly  # hooks run eagerly around a compiled model
         self._handles = [prof.collectors.hook(self, self.model, "forward_pre", self._on_forward),
                          module_hooks.register(self.model, "forward", eager(self._on_forward_end))]
         if hasattr(prof.optimizer, "register_step_pre_hook"):
@@ -453,8 +454,9 @@ class Tape:
 
     # ------------------------------------------------------------------ the mode stack
     def _enter_window(self) -> None:
-        if not self._pushed:
-            torch._C._push_on_torch_function_stack(self._window)
+        push = private("torch._C._push_on_torch_function_stack")  # without it no loss call is recorded
+        if not self._pushed and push is not None:
+            push(self._window)
             self._pushed = True
         self._window.recording = True
 
@@ -462,7 +464,7 @@ class Tape:
         """Off the mode stack, unless another mode was pushed above it (then it passes calls through)."""
         self._window.recording = False
         if self._pushed and _top_mode() is self._window:
-            torch._C._pop_torch_function_stack()
+            private("torch._C._pop_torch_function_stack")()
             self._pushed = False
 
 
@@ -492,8 +494,8 @@ def _keep_what_the_target_needs(micro: MicroBatch, reads: dict[int, set[int]]) -
 
 
 def _top_mode():
-    depth = torch._C._len_torch_function_stack()
-    return torch._C._get_function_stack_at(depth - 1) if depth else None
+    depth = private("torch._C._len_torch_function_stack", lambda: 0)()
+    return private("torch._C._get_function_stack_at")(depth - 1) if depth else None
 
 
 def _mutates(func) -> bool:
@@ -612,7 +614,8 @@ def decode_micro_batch(plain: dict[str, Any], device: torch.device) -> MicroBatc
 
 def _function_name(func) -> dict[str, str]:
     name = getattr(func, "__name__", None)
-    if name == "__get__" and getattr(getattr(func, "__self__", None), "__objclass__", None) is torch._C.TensorBase:
+    tensor_base = private("torch._C.TensorBase")
+    if name == "__get__" and getattr(getattr(func, "__self__", None), "__objclass__", None) is tensor_base:
         return {"namespace": "Tensor.attribute", "name": func.__self__.__name__}  # e.g. logits.mT
     for namespace, owner in _NAMESPACES.items():
         if name and getattr(owner, name, None) is func and _resolvable(namespace, name):

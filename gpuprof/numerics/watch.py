@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from gpuprof import module_hooks
+from gpuprof.torch_compat import missing_base, private, tree_flatten
 
 GPUPROF_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -149,7 +148,10 @@ def _nonfinite_scalar(values: list) -> bool:
     return any(isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))) for v in values)
 
 
-class OpWatch(TorchDispatchMode):
+_DISPATCH_MODE = "torch.utils._python_dispatch.TorchDispatchMode"
+
+
+class OpWatch(private(_DISPATCH_MODE, missing_base(_DISPATCH_MODE))):
     """Records the first aten op whose output (or mutated input) holds an Inf or NaN."""
 
     def __init__(self, tracker: ModuleTracker, owners: NodeOwners, name_of=lambda tensor: None):
@@ -219,7 +221,7 @@ class OpWatch(TorchDispatchMode):
 
     def _attribution(self) -> tuple[str | None, str | None]:
         if self.phase == "backward":
-            node = torch._C._current_autograd_node()
+            node = private("torch._C._current_autograd_node", lambda: None)()
             return self.owners.owner.get(node, (None, None))
         return self.tracker.current, self.tracker.source_hint or caller_line()
 

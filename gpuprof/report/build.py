@@ -26,7 +26,7 @@ from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.errors import GpuprofError
 from gpuprof.report.verdict import Verdict, decide, with_failed_rules
 from gpuprof.run.jsonable import json_safe
-from gpuprof.run.reader import Run, load_run, run_signature
+from gpuprof.run.reader import Run, load_run, refuse_without_steps_files, run_signature
 from gpuprof.run.schema import EventKind
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,9 @@ class Report:
 
 def build_report(run_dir) -> Report:
     """The report of the run at `run_dir`, computed once per state of its files."""
-    path = load_run(run_dir).path.resolve()
+    run = load_run(run_dir)
+    refuse_without_steps_files(run)
+    path = run.path.resolve()
     return _report(str(path), run_signature(path))
 
 

@@ -179,6 +179,88 @@ def value_text(value) -> str:
     return MISSING if value is None else str(value)
 
 
+# A finding's evidence line in the terminal: the figures that fit this width (the whole line), in the order its rule
+# gives them; --json holds every key.
+EVIDENCE_WIDTH = 140
+# Evidence a line leaves to --json: the rule's own settings, not what it measured.
+SETTING_PREFIX = "threshold_"
+# Above this, a count or rate reads with a decimal prefix ("989 T/s").
+DECIMAL_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"))
+
+
+def evidence_line(evidence: dict, width: int) -> str:
+    """The evidence's measured figures as people read them ("data share: 70.9 %; step time p50: 1.41 s"), in the
+    rule's order as far as they fit `width` characters, and how many more --json holds."""
+    shown: list[str] = []
+    for key, value in present(evidence).items():
+        if str(key).startswith(SETTING_PREFIX):
+            continue
+        item = evidence_item(key, value)
+        if len("; ".join([*shown, item])) + len(_more_text(len(evidence) - len(shown) - 1)) > width:
+            break
+        shown.append(item)
+    return "; ".join(shown) + _more_text(len(evidence) - len(shown))
+
+
+def _more_text(left: int) -> str:
+    return f" (+{left} more in --json)" if left > 0 else ""
+
+
+def evidence_item(key, value) -> str:
+    """One evidence entry: its key as words, its value in the unit its key names ("stall_time_s" -> "stall time:
+    120 ms", "lag_pct_of_step" -> "lag of step: 70.2 %"); a dict's values (per rank, per op) in that unit too."""
+    words, unit = _words_and_unit(str(key))
+    if isinstance(value, dict):
+        text = ", ".join(f"{_name_text(name)} {_unit_value(item, unit)}" for name, item in present(value).items())
+    else:
+        text = _unit_value(value, unit)
+    return f"{words}: {text}"
+
+
+# The unit words of a key (FIELD_UNITS' endings as they sit anywhere in it: "lag_pct_of_step").
+UNIT_WORDS = {("per", "s"): "_per_s", ("us",): "_us", ("s",): "_s", ("pct",): "_pct", ("bytes",): "_bytes"}
+
+
+def _words_and_unit(key: str) -> tuple[str, str]:
+    words = key.split("_")
+    for unit_words, ending in UNIT_WORDS.items():
+        for at in range(len(words) - len(unit_words), 0, -1):
+            if tuple(words[at:at + len(unit_words)]) == unit_words:
+                return " ".join(words[:at] + words[at + len(unit_words):]), ending
+    return " ".join(words), ""
+
+
+def _name_text(name) -> str:
+    """A key inside an evidence value: a field ("module") as words, anything else (an op, a rank) as it is."""
+    name = str(name)
+    return field_text(name) if re.fullmatch(r"[a-z][a-z0-9_]*", name) else name
+
+
+def _unit_value(value, ending: str) -> str:
+    """A value in the unit of its key's `ending` (FIELD_UNITS); without one, as `value_text` writes it."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, (int, float)) or not known(value):
+        return value_text(value)
+    if ending == "_s":
+        return figure(value, "s")
+    if ending == "_us":
+        return f"{figure(value)} µs"
+    if ending == "_pct":
+        return f"{figure(value)} %"
+    if ending == "_bytes":
+        return bytes_text(value)
+    return f"{_count_text(value)}/s" if ending == "_per_s" else _count_text(value)
+
+
+def _count_text(value) -> str:
+    """A count or a rate: with a decimal prefix from a million on ("989 T"), else as `figure` writes it."""
+    for scale, symbol in DECIMAL_PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {symbol}"
+    return figure(value)
+
+
 def gain_text(est_gain_pct) -> str:
     """A finding's expected gain, or "" when its rule cannot estimate one."""
     return f"est. gain {fmt_share(est_gain_pct)} of step time" if known(est_gain_pct) else ""

@@ -21,12 +21,13 @@ import pandas as pd
 from gpuprof.analysis.run.summary import RunSummary, trace_summary
 from gpuprof.analysis.trace.loader import trace_files, trace_spans
 from gpuprof.analysis.trace.ranks import analyze_ranks
-from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_NAMES, VIEW_NEEDS, missing_note, missing_views
+from gpuprof.analysis.trace.tables import TABLE_NAMES, VIEW_NEEDS, missing_note, missing_views
 from gpuprof.diagnoses.context import DEVICE_FIGURES, trace_context, trace_meta
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import diagnose_context
 from gpuprof.report.build import CACHED_REPORTS, TraceWindow, trace_window
 from gpuprof.report.format import rank_list
+from gpuprof.report.trace_views import steps_notes
 from gpuprof.report.verdict import Verdict, decide, with_failed_rules
 from gpuprof.run.jsonable import json_safe
 from gpuprof.run.reader import run_signature
@@ -110,7 +111,8 @@ def build_trace_report(path, *, include_last_step: bool = False, top: int = TOP_
                        scheduler: str | None = None) -> TraceReport:
     """The report of the trace at `path`: a file, a folder of per-rank files, or a folder of
     tensorboard_trace_handler spans (the latest span is reported)."""
-    spans = trace_spans(trace_files(path))
+    listed = trace_files(path)
+    spans = trace_spans(listed)
     files = spans[-1]
     result = analyze_ranks(files, table_names=TABLE_NAMES,
                            jobs=jobs, scheduler=scheduler, include_last_step=include_last_step, top=top,
@@ -128,7 +130,8 @@ def build_trace_report(path, *, include_last_step: bool = False, top: int = TOP_
         path=str(path), files=files, summary=summary, verdict=verdict, findings=findings,
         tables=result.tables, ranks=result.ranks, has_device_activity=result.has_device_activity,
         include_last_step=include_last_step, missing_ranks=result.missing_ranks, unreadable=result.unreadable,
-        spans=spans, notes=failed_rules + notes(result, spans, include_last_step), meta=meta,
+        spans=spans, notes=failed_rules + notes(result, spans, include_last_step) + unspanned_note(listed, spans),
+        meta=meta,
         missing_views=missing_views(result.tables),
     )
 
@@ -180,6 +183,16 @@ def worst_per_rule(by_rank: dict[int, list[Finding]]) -> list[Finding]:
     return sorted(kept, key=lambda finding: finding.sort_key)
 
 
+def unspanned_note(files: list[Path], spans: list[list[Path]]) -> list[str]:
+    """The files of a tensorboard_trace_handler folder that no span holds (named otherwise), in one line."""
+    spanned = {file for span in spans for file in span}
+    left = [file.name for file in files if file not in spanned]
+    if not left:
+        return []
+    return [f"Left out: {', '.join(left)} (not named WORKER.TIMESTAMP.pt.trace.json[.gz] as tensorboard_trace_handler "
+            "named the other files here; gpuprof trace FILE reads one alone)."]
+
+
 def notes(result, spans: list[list[Path]], include_last_step: bool) -> list[str]:
     """What a reader of the report should know about what it covers."""
     lines = [f"Rank file {item['file']} could not be read and is left out: {item['error']}" for item in result.unreadable]
@@ -192,8 +205,5 @@ def notes(result, spans: list[list[Path]], include_last_step: bool) -> list[str]
                      f"{rank_list(missing)}")
     if not result.has_device_activity:
         lines.append("No device (GPU) activity in this trace: device analyses are empty; CPU side reported.")
-    if not include_last_step:
-        lines.append(f"{LAST_STEP_LEFT_OUT}; --include-last-step keeps it.")
-    if result.tables["overview"]["profiler_steps"].eq(0).all():
-        lines.append("No ProfilerStep markers: the whole trace is one step (step -1).")
+    lines += steps_notes(result.tables["overview"]["profiler_steps"], include_last_step)
     return lines + [missing_note(view) for view in missing_views(result.tables)]

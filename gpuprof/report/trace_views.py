@@ -233,7 +233,21 @@ def empty_table_note(key: str, has_device_activity: bool) -> str:
     return f"{TABLE_TITLES[key]}: no rows in this trace."
 
 
+NO_STEP_MARKERS = ("No ProfilerStep markers (torch.profiler.profile() without a schedule): the whole trace is "
+                   "analysed as one step")
+
+
+def steps_notes(profiler_steps: pd.Series, include_last_step: bool) -> list[str]:
+    """What the analysis window covers, from each rank's profiler steps: a trace without markers is one step, whole;
+    otherwise the last step is left out unless `include_last_step`."""
+    if profiler_steps.eq(0).all():
+        return [f"{NO_STEP_MARKERS}."]
+    return [] if include_last_step else [f"{LAST_STEP_LEFT_OUT}; --include-last-step keeps it."]
+
+
 def steps_note(overview: pd.DataFrame) -> str:
     """Why a window of N steps shows N-1 (the analyzer's default window), with the steps each rank keeps."""
+    if overview["profiler_steps"].eq(0).all():
+        return f"{NO_STEP_MARKERS}."
     kept = ", ".join(f"rank {rank}: {steps}" for rank, steps in zip(overview["rank"], overview["profiler_steps"]))
     return f"{LAST_STEP_LEFT_OUT}, unless the trace has only one; profiler steps analysed: {kept}."

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from gpuprof.analysis.run.hotspots import MIN_PHASE_SAMPLES, phase_samples, top_sites
+from gpuprof.analysis.run.hotspots import MIN_PHASE_SAMPLES, phase_samples, site_label, top_sites
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
+from gpuprof.diagnoses.fits import Hardware
 from gpuprof.diagnoses.loopfacts import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
 from gpuprof.diagnoses.rules.optimizer import UNFUSED_OPTIMIZER
 from gpuprof.report.format import fmt, fmt_ms, fmt_share
@@ -70,6 +71,18 @@ NEXT_STEPS = {
                      "NCCL on GPUs, fewer or larger collectives, gradient accumulation.",
     "memory": "Lower the peak: activation checkpointing, a smaller micro-batch with gradient accumulation, bf16.",
     "numerics": "Find the first non-finite value: the Numerics page, or gpuprof replay on its bundle.",
+}
+# The same where no GPU ran: nothing only a GPU has (pinned memory, CUDA graphs, bf16 tensor cores, NCCL).
+NEXT_STEPS_WITHOUT_GPU = {
+    **NEXT_STEPS,
+    "input": "Feed the step faster: loader workers, one per free CPU core (DataLoader(num_workers=..., "
+             "persistent_workers=True)), cheaper batch preparation.",
+    "host": "Cut host work per step: torch.compile to fuse many small operations, no .item()/print of tensor "
+            "values inside the step, a fused optimizer.",
+    "compute": "Make the compute cheaper: torch.compile, a fused optimizer, fused attention (sdpa) where the model "
+               "has attention; then a larger micro-batch while memory allows.",
+    "communication": "Hide or shrink communication: overlap it with backward (DDP buckets, FSDP prefetch), fewer or "
+                     "larger collectives, gradient accumulation.",
 }
 # Findings about how to measure the run, not how to speed it up: never a verdict's next step.
 HOST_CONTENTION = "host-contention"
@@ -144,7 +157,8 @@ def decide(summary, findings: list, trace_steps: pd.DataFrame, device_trace: boo
         verdict = replace(verdict, why=why)
     if not summary.evaluation:
         return verdict
-    return replace(verdict, why=f"{verdict.why} {evaluation_text(summary.evaluation)}", evaluation=summary.evaluation)
+    return replace(verdict, why=f"{verdict.why} {evaluation_text(summary.evaluation, meta)}",
+                   evaluation=summary.evaluation)
 
 
 def contention_lead(contention) -> str:
@@ -152,11 +166,14 @@ def contention_lead(contention) -> str:
     return f"These timings measure the host's other jobs too: {contention.title[0].lower()}{contention.title[1:]}."
 
 
-def evaluation_text(figures: dict) -> str:
+def evaluation_text(figures: dict, meta: dict | None = None) -> str:
     every = f"every {fmt(figures['every_steps'], '{:.0f}')} steps, " if figures["every_steps"] is not None else ""
+    timed = [site_label(source["function"], source["file"], source["line"])
+             for source in (meta or {}).get("phase_sources") or [] if source.get("role") == "eval"]
+    calls = f" Timed as evaluation: {', '.join(timed)}." if timed else ""
     return (f"Evaluation inside the loop is left out of the step's bound: {fmt(figures['steps_with_eval'], '{:d}')} "
             f"time(s), {every}{fmt_ms(figures['mean_s'])} each "
-            f"({fmt_share(figures['share_pct'])} of the run's time).")
+            f"({fmt_share(figures['share_pct'])} of the run's time).{calls}")
 
 
 def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_trace: bool, meta: dict | None,
@@ -176,7 +193,9 @@ def bound_verdict(summary, findings: list, trace_steps: pd.DataFrame, device_tra
     if trouble is not None:
         return trouble
     shares, sources = step_shares(summary, trace_steps, device_trace)
-    others = {bound: share for bound, share in shares.items() if bound != "compute" and share >= BOUND_MIN_SHARE_PCT}
+    # a CPU trace's host time (between its ops) runs on the cores that compute: a bound only where it is the larger
+    others = {bound: share for bound, share in shares.items() if bound != "compute" and share >= BOUND_MIN_SHARE_PCT
+              and not (bound == "host" and sources[bound] == "CPU trace" and share < shares["compute"])}
     if others:
         bound = max(others, key=others.get)
         return measured(bound, shares[bound], sources[bound], findings, meta, sites)
@@ -217,6 +236,7 @@ def critical_trouble(summary, findings: list) -> Verdict | None:
                                    ("memory", peak_memory_pct(summary), "of device memory at the peak")):
         finding = next((f for f in findings if f.category == bound and f.severity == "critical"), None)
         if finding is not None:
+            share_pct = share_pct or None  # an evaluation or update blamed, no training step non-finite: no share
             share = f": {fmt_share(share_pct)} {base}" if share_pct is not None else ""
             return Verdict(bound, share_pct, f"{finding.title}{share}.", next_step(bound, findings),
                            subject=origin_text(finding.evidence.get("origin")))
@@ -350,7 +370,7 @@ def next_step(bound: str, findings: list, meta: dict | None = None) -> str:
     if not levers and about:
         return fix_of(about[0])
     if levers is None:
-        return NEXT_STEPS[bound]
+        return (NEXT_STEPS if Hardware.of(meta or {}).on_gpu else NEXT_STEPS_WITHOUT_GPU)[bound]
     if bound == "host":
         return f"Cut host work per step: {', '.join(levers)}."
     if not levers:
@@ -386,7 +406,7 @@ def loop_levers(bound: str, meta: dict | None, minor: set[str] = frozenset()) ->
         }
     else:
         wanted = {
-            "bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))": on_gpu and recorded_dtype(meta) in FP32_NAMES,
+            Hardware.of(meta).autocast or "": on_gpu and recorded_dtype(meta) in FP32_NAMES,
             "fused attention (torch.nn.functional.scaled_dot_product_attention)": eager_attention(model),
             fused: bool(unfused),
             "torch.compile(model)": not compiled,

@@ -31,7 +31,8 @@ import pandas as pd
 from gpuprof.errors import DamagedFileError
 from gpuprof.run import schema
 from gpuprof.run.streams import (
-    arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame, storable, with_lists,
+    arrow_kind, column_problem, left_out, parse_details, read_jsonl_frame, refuse_without_readable_steps,
+    row_problem, storable, with_lists,
 )
 
 # DuckDB's own budget; the process adds Python, pandas and the answers on top.
@@ -233,6 +234,7 @@ class RunQuery:
         self._lock = threading.Lock()
         self._described: dict[tuple, dict[str, str]] = {}
         self._damaged: dict[str, list[int]] = {}  # stream -> ranks whose file was left out
+        self._errors: dict[str, list[DamagedFileError]] = {}  # stream -> why, in the same order
 
     @cached_property
     def _connection(self):
@@ -270,6 +272,7 @@ class RunQuery:
 
     def _left_out(self, stream: str, rank: int, error: DamagedFileError) -> None:
         self._damaged.setdefault(stream, []).append(rank)
+        self._errors.setdefault(stream, []).append(error)
         left_out(error, rank)
 
     @property
@@ -292,6 +295,8 @@ class RunQuery:
                         parts.append(read_jsonl_frame(path, stream))
                     except DamagedFileError as error:
                         self._left_out(stream, rank, error)
+            if stream == "steps":
+                refuse_without_readable_steps(self._errors.get(stream, []), len(self._files[stream]) + len(parts))
             parts = [p for p in parts if not p.empty]
             if parts:
                 frame = pd.concat(parts, ignore_index=True)
@@ -467,6 +472,9 @@ def _checked_parquet(path: Path, stream: str) -> int:
     except Exception as error:  # noqa: BLE001 - any damage means the same: this file cannot be read
         raise DamagedFileError(f"{path}: unreadable ({error})") from None
     problem = column_problem(stream, kinds)
+    if problem is None and stream == "steps":  # its rows too: a step's few numbers, read alone
+        columns = [c for c in ("step", "rank", *schema.REQUIRED_STEP_VALUES, *schema.STEP_AMOUNTS) if c in kinds]
+        problem = row_problem(stream, pq.read_table(path, columns=columns).to_pandas())
     if problem is not None:
         raise DamagedFileError(f"{path}: {problem}")
     return metadata.num_rows

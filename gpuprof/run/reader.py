@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import pandas as pd
 from gpuprof.errors import DamagedFileError, NotARunError, RunFormatError
 from gpuprof.run import schema
 from gpuprof.run.query import RunQuery
-from gpuprof.run.streams import left_out, read_stream, with_columns
+from gpuprof.run.streams import left_out, read_stream, refuse_without_readable_steps, with_columns
 from gpuprof.validation import misfit
 
 logger = logging.getLogger("gpuprof")
@@ -84,6 +85,55 @@ def find_trace_dirs(root: str | os.PathLike, max_depth: int = 3) -> list[Path]:
     return found
 
 
+# A Chrome trace's event array is named within its first bytes (after the profiler's few header fields).
+TRACE_SNIFF_BYTES = 1 << 18
+
+
+def unlisted_trace_files(root: str | os.PathLike, max_depth: int = 3) -> list[Path]:
+    """The Chrome traces under `root` that find_trace_dirs leaves out: `.json[.gz]` files holding `traceEvents`,
+    outside gpuprof runs, in folders with no `*.pt.trace.json[.gz]` file (export_chrome_trace's, a renamed one)."""
+    root = Path(root)
+    found: list[Path] = []
+
+    def visit(folder: Path, depth: int) -> None:
+        if (folder / schema.RUN_META).is_file() or lost_meta_error(folder) is not None:
+            return
+        children = sorted(folder.iterdir())
+        files = [child for child in children if child.is_file() and child.name.endswith((".json", ".json.gz"))]
+        if not any(file.name.endswith(PLUGIN_TRACE_SUFFIXES) for file in files):
+            found.extend(file for file in files if _names_trace_events(file))
+        for child in children if depth else ():
+            if child.is_dir() and not child.name.startswith("."):
+                visit(child, depth - 1)
+
+    if root.is_dir():
+        visit(root, max_depth)
+    return found
+
+
+def unlisted_traces_note(root: str | os.PathLike, max_depth: int = 3) -> str | None:
+    """One line on the traces under `root` that the dashboard does not list, and why; None when there are none."""
+    files = unlisted_trace_files(root, max_depth)
+    if not files:
+        return None
+    named = ", ".join(file.relative_to(root).as_posix() for file in files[:5]) + (" ..." if len(files) > 5 else "")
+    return (f"{len(files)} trace file(s) not listed: {named}. Only gpuprof runs and folders of "
+            "tensorboard_trace_handler's traces (`NAME.pt.trace.json[.gz]`) are listed; rename a trace to end in "
+            "`.pt.trace.json`, or read it with `gpuprof trace FILE`.")
+
+
+def _names_trace_events(file: Path) -> bool:
+    import gzip
+
+    try:
+        with open(file, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with (gzip.open(file, "rb") if gzipped else open(file, "rb")) as handle:
+            return b'"traceEvents"' in handle.read(TRACE_SNIFF_BYTES)
+    except (OSError, EOFError):
+        return False
+
+
 def run_signature(path: str | os.PathLike) -> tuple:
     """Name, size and mtime of every file of the run at `path` (its folder and two levels below:
     rank folders, trace windows): it changes whenever the run is written, so it keys caches."""
@@ -106,7 +156,7 @@ def _scan_files(folder: Path, prefix: str, depth: int, entries: list) -> None:
 
 
 def _find_run_metas(root: Path, max_depth: int):
-    if (root / schema.RUN_META).is_file():
+    if (root / schema.RUN_META).is_file() or lost_meta_error(root) is not None:  # a lost one is said when read
         yield root / schema.RUN_META
         return
     if max_depth == 0:
@@ -141,7 +191,8 @@ class Run:
         if not self.path.is_dir():
             raise NotARunError(f"{self.path} is not a directory")
         if not meta_path.is_file():
-            raise NotARunError(f"{self.path} is not a gpuprof run directory (no {schema.RUN_META})")
+            raise lost_meta_error(self.path) or NotARunError(
+                f"{self.path} is not a gpuprof run directory (no {schema.RUN_META})")
         self.meta = read_meta(meta_path, schema.RunMeta)
 
     def __repr__(self) -> str:
@@ -158,6 +209,8 @@ class Run:
             suffix = child.name.removeprefix("rank-")
             if child.is_dir() and suffix.isdigit():
                 ranks.append(int(suffix))
+        for line in missing_steps_files(self):  # said once, where the ranks are read (the report's notes)
+            warnings.warn(f"gpuprof: {line}", stacklevel=3)
         return sorted(ranks)
 
     @cached_property
@@ -224,12 +277,15 @@ class Run:
         return self._stream("stacks")
 
     def _stream(self, stream: str) -> pd.DataFrame:
-        frames = []
+        frames, damaged = [], []
         for rank in self.ranks:
             try:
                 frames.append(read_stream(self.path / schema.rank_dir_name(rank), stream))
             except DamagedFileError as error:
                 left_out(error, rank)
+                damaged.append(error)
+        if stream == "steps":
+            refuse_without_readable_steps(damaged, len(frames))
         frames = [frame for frame in frames if not frame.empty]
         if not frames:
             return with_columns(pd.DataFrame(), stream)
@@ -254,3 +310,67 @@ def _check_format(meta: dict[str, Any], path: Path) -> None:
             f"{path}: format version {version} was written by a newer gpuprof "
             f"(this one reads up to {schema.FORMAT_VERSION}); upgrade gpuprof"
         )
+
+
+# --- files the run's meta says were written and are not there ---------------------------------------------
+
+def missing_steps_files(run: Run) -> list[str]:
+    """Each rank of the run's world whose folder or steps file is gone, with what the meta files say it should
+    hold, for people. A rank's steps file exists from the moment it starts recording (empty until its first step),
+    so a missing one was lost or deleted, never a loop that did not step."""
+    world = int(run.meta.get("world_size") or 1)
+    lines = []
+    for rank in range(world):
+        rank_dir = run.path / schema.rank_dir_name(rank)
+        if not rank_dir.is_dir():
+            lines.append(f"{rank_dir}/ is missing: {schema.RUN_META} says the run had {world} rank(s) and "
+                         f"{_status_words(run.meta.get('status'))}, so this folder should hold rank {rank}'s "
+                         "meta and records (lost, or that rank never started recording)")
+        elif not any((rank_dir / f"steps.{kind}").is_file() for kind in ("parquet", "jsonl")):
+            said, status = _rank_said(rank_dir, rank, run.meta)
+            name = "steps.jsonl" if status == "running" else "steps.parquet"
+            lines.append(f"{rank_dir / name} is missing: {said}, so this file should hold its step records "
+                         "(one row per optimizer step)")
+    return lines
+
+
+def refuse_without_steps_files(run: Run) -> None:
+    """RunFormatError naming the missing files when no rank of the world has a steps file: the run cannot be
+    analysed, and saying it "recorded no step" would blame the loop for a lost file."""
+    world = int(run.meta.get("world_size") or 1)
+    missing = missing_steps_files(run)
+    if missing and len(missing) == world:
+        shown = "; ".join(missing[:3]) + (f"; and {len(missing) - 3} more rank(s)" if len(missing) > 3 else "")
+        raise RunFormatError(f"{shown}. Restore {'it' if len(missing) == 1 else 'them'} from a copy, "
+                             "or record the run again")
+
+
+def lost_meta_error(path: Path) -> RunFormatError | None:
+    """The error of a run folder whose own meta.json is gone while rank 0's is there (rank 0 writes the run's
+    first, so it was lost or deleted); None for a folder that is no run."""
+    rank_dir = path / schema.rank_dir_name(0)
+    if (path / schema.RUN_META).is_file() or not (rank_dir / schema.RANK_META).is_file():
+        return None
+    said, _ = _rank_said(rank_dir, 0, {})
+    return RunFormatError(f"{path / schema.RUN_META} is missing: {said}, so this folder is a gpuprof run whose "
+                          f"{schema.RUN_META} (its format, devices, model and config) was lost. Restore it from a "
+                          "copy, or record the run again")
+
+
+def _rank_said(rank_dir: Path, rank: int, run_meta: dict) -> tuple[str, str | None]:
+    """What the rank's meta.json (else the run's) says of the rank, in words, and its status."""
+    try:
+        meta, source = read_meta(rank_dir / schema.RANK_META, schema.RankMeta), f"{rank_dir.name}/{schema.RANK_META}"
+    except RunFormatError:
+        if not run_meta:  # neither meta file can be read: only the folder speaks
+            return f"{rank_dir.name}/ holds rank {rank}'s records", None
+        meta, source = run_meta, schema.RUN_META
+    status = meta.get("status")
+    world = meta.get("world_size") or run_meta.get("world_size") or 1
+    start, end = meta.get("start_unix_s"), meta.get("end_unix_s")
+    took = f" after {end - start:.1f} s" if status != "running" and start is not None and end is not None else ""
+    return f"{source} says rank {rank} of {world} {_status_words(status)}{took}", status
+
+
+def _status_words(status: str | None) -> str:
+    return {"running": "was still running (or was killed)", None: "ran"}.get(status, status)

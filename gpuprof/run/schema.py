@@ -5,6 +5,7 @@ docs/run-format.md is the human-readable contract; these tuples are its machine 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -91,6 +92,13 @@ SORT_KEYS = {
     "layers": ["step", "rank", "layer"],
     "heartbeats": ["time_unix_s", "rank"],
 }
+# Rows of a steps file as gpuprof writes them, which the reader checks (a verdict drawn from other rows would be
+# false): `step` a whole number from 0 up, rising row by row (each step once); these columns finite and not
+# negative, in every row (REQUIRED_STEP_VALUES) or where present (STEP_AMOUNTS).
+REQUIRED_STEP_VALUES = ("step_time_s",)
+STEP_AMOUNTS = (*(f"{phase}_time_s" for phase in STEP_PHASES), "capture_time_s", "micro_batches", "tokens")
+
+
 def column_kind(stream: str, column: str) -> str | None:
     """What a documented column holds: "number", "flag", "text", "list" or "details"; None for an extra one."""
     if column not in STREAM_COLUMNS[stream]:
@@ -152,6 +160,28 @@ def bundle_in_run(run_dir: str | Path, recorded: str) -> Path:
     recorded at training time is relative to that process's working folder, or to a machine the run may
     since have left."""
     return Path(run_dir) / NUMERICS_DIR / Path(recorded).name
+
+
+# A blame's source as numerics records it: "/abs/path/file.py:12 in function: code".
+SOURCE_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+) in (?P<function>[^:]+)(?:: (?P<code>.*))?$")
+INSTALLED_PACKAGES = re.compile(r".*[/\\](?:site|dist)-packages[/\\]")
+
+
+def source_text(source: str) -> str:
+    """A blame's source with its file as a person names it: an installed package's from the package
+    ("transformers/activations.py:66 in forward: ..."), one's own by its name ("train.py:40 in main: ...")."""
+    match = SOURCE_LINE.match(source)
+    if match is None:
+        return source
+    path = match["file"]
+    shown = INSTALLED_PACKAGES.sub("", path) if INSTALLED_PACKAGES.match(path) else Path(path).name
+    return f"{shown}:{match['line']} in {match['function']}" + (f": {match['code']}" if match["code"] else "")
+
+
+def in_installed_package(source: str) -> bool:
+    """Whether a blame's source is a line of an installed package's (site-packages), not the user's."""
+    match = SOURCE_LINE.match(source)
+    return match is not None and INSTALLED_PACKAGES.match(match["file"]) is not None
 
 
 # ---------------------------------------------------------------- what meta files must hold

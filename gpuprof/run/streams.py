@@ -39,6 +39,8 @@ def checked(frame: pd.DataFrame, stream: str, path: Path) -> pd.DataFrame:
     """`frame` with every documented column and `details` parsed; DamagedFileError when a column holds the
     wrong kind of value."""
     problem = column_problem(stream, {column: _pandas_kind(frame[column]) for column in frame.columns})
+    if problem is None:
+        problem = row_problem(stream, frame)
     if problem is not None:
         raise DamagedFileError(f"{path}: {problem}")
     if "details" in frame:
@@ -71,6 +73,16 @@ def left_out(error: RunFormatError, rank: int, what: str = "") -> None:
     warnings.warn(f"gpuprof: {error}; rank {rank}{f' {what}' if what else ''} left out", stacklevel=3)
 
 
+def refuse_without_readable_steps(damaged: list[DamagedFileError], readable: int) -> None:
+    """RunFormatError when the run's steps files are all damaged (`damaged`, none of `readable` left): with no step
+    to read there is no verdict to give, and one drawn from the rest would be false. The files stay as they are."""
+    if damaged and not readable:
+        more = f"; and {len(damaged) - 2} more rank(s)" if len(damaged) > 2 else ""
+        shown = "; ".join(map(str, damaged[:2])) + more
+        raise RunFormatError(f"{shown}. No rank has readable steps to analyse: restore the file from a copy, or "
+                             "record the run again")
+
+
 def column_problem(stream: str, kinds: dict[str, str]) -> str | None:
     """The first documented column whose values are of the wrong kind, for people; None when all fit.
 
@@ -83,6 +95,42 @@ def column_problem(stream: str, kinds: dict[str, str]) -> str | None:
         if expected is not None and kind != "null" and kind not in fits[expected]:
             return f"column {column} holds {kind} values where {expected}s belong"
     return None
+
+
+def row_problem(stream: str, frame: pd.DataFrame) -> str | None:
+    """The first rows of a steps file that no recording makes (schema.REQUIRED_STEP_VALUES, STEP_AMOUNTS: a
+    negative or missing step time, a step twice or out of order), with where, for people; None when all fit.
+    `frame`: the file's rows in its order, its columns already of their kinds (column_problem)."""
+    if stream != "steps" or frame.empty or "step" not in frame:
+        return None
+    steps = pd.to_numeric(frame["step"], errors="coerce").astype("float64")
+    bad = ~(np.isfinite(steps) & (steps >= 0) & (steps == np.floor(steps)))
+    if bad.any():
+        return f"step is missing, negative or not a whole number in {_rows_text(bad)}"
+    fallen = (steps.groupby(frame["rank"]).diff() if "rank" in frame else steps.diff()) <= 0
+    if fallen.any():
+        row = int(np.flatnonzero(fallen)[0])
+        step, before = int(steps.iloc[row]), int(steps.iloc[row - 1])
+        what = f"step {step} is there twice" if step == before else f"step {step} comes after step {before}"
+        return f"{what} (row {row + 1} of {len(frame)}), where each step is recorded once, in order"
+    for column in (*schema.REQUIRED_STEP_VALUES, *schema.STEP_AMOUNTS):
+        if column not in frame:
+            continue
+        values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+        missing = values.isna() & (column in schema.REQUIRED_STEP_VALUES)
+        bad = missing | (values.notna() & ~(np.isfinite(values) & (values >= 0)))
+        if bad.any():
+            return f"{column} is negative, missing or not finite in {_rows_text(bad, steps)}"
+    return None
+
+
+def _rows_text(bad: pd.Series, steps: pd.Series | None = None) -> str:
+    """"2 of 8 rows (steps 2, 3)": the rows `bad` marks, by their steps where known, else by row number."""
+    rows = np.flatnonzero(bad)
+    where = [f"{int(steps.iloc[row])}" for row in rows[:3]] if steps is not None else [str(row + 1) for row in rows[:3]]
+    more = ", ..." if len(rows) > 3 else ""
+    noun = ("step" if steps is not None else "row") + ("s" if len(rows) > 1 else "")
+    return f"{len(rows)} of {len(bad)} rows ({noun} {', '.join(where)}{more})"
 
 
 def _pandas_kind(values: pd.Series) -> str:

@@ -2,11 +2,10 @@
 
 Each record stream is a JSON lines file. Events are encoded and handed to the OS (`write` +
 `flush`) the moment they are written; the streams written every step or sample (steps, layers,
-system, stacks) are kept in memory and handed over at most BUFFER_S seconds apart, in one `write`, so
-that a fast loop does not pay an encode and a system call per step. Whatever the OS holds
+system, stacks) are kept in memory and encoded and handed over by the writer's own thread every BUFFER_S
+seconds, in one `write`, so that the training thread never pays an encode or a system call for them. Whatever the OS holds
 survives a SIGKILL of the process: such a kill loses at most the last BUFFER_S seconds of those
-streams. A background thread hands them over BUFFER_S after they were written even when the
-loop stalls; a clean close, an exception leaving the loop and interpreter exit write everything.
+streams. A clean close, an exception leaving the loop and interpreter exit write everything.
 A failing disk (full, read-only) switches the stream off and never raises into the training loop;
 the run directory's first such failure is logged, one line (the later ones at debug level).
 """
@@ -19,7 +18,6 @@ import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -56,18 +54,18 @@ def _removed_on_failure(tmp: Path):
 class StreamWriter:
     """One append-only JSON lines stream; thread safe; switches itself off on an OS error.
 
-    buffer_s: how long records may wait in memory before they are encoded and written (0: at once).
-    A record must not be changed after `write`.
+    buffered: records wait in memory until `flush` (the run writer's thread calls it every BUFFER_S); else each
+    `write` encodes and writes at once. A record must not be changed after `write`.
     """
 
-    def __init__(self, path: Path, buffer_s: float = 0.0, on_error=None):
+    def __init__(self, path: Path, buffered: bool = False, on_error=None):
         self.path = path
-        self.buffer_s = buffer_s
+        self.buffered = buffered
         self._on_error = on_error or _log_failure
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by `write` only to append: never while encoding
+        self._file_lock = threading.Lock()  # one writer of the file at a time, records in order
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._pending: list[Mapping[str, Any]] = []
-        self._last_write_s = time.monotonic()
         self.records_written = 0
 
     @property
@@ -79,20 +77,18 @@ class StreamWriter:
             if self._file is None:
                 return
             self._pending.extend(records)
-            if time.monotonic() - self._last_write_s >= self.buffer_s:
-                self._write_pending()
+        if not self.buffered:
+            self.flush()
 
     def flush(self) -> None:
-        """Hands every pending record to the OS."""
-        with self._lock:
-            if self._file is not None:
-                self._write_pending()
+        """Encodes every pending record and hands it to the OS."""
+        with self._file_lock:
+            with self._lock:
+                records, self._pending = self._pending, []
+            if records and self._file is not None:
+                self._write_records(records)
 
-    def _write_pending(self) -> None:
-        records, self._pending = self._pending, []
-        self._last_write_s = time.monotonic()
-        if not records:
-            return
+    def _write_records(self, records: list[Mapping[str, Any]]) -> None:
         try:
             self._file.write("".join(dumps(record) + "\n" for record in records))
             self._file.flush()
@@ -102,9 +98,8 @@ class StreamWriter:
             self._close_quietly()
 
     def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._write_pending()
+        self.flush()
+        with self._file_lock:
             self._close_quietly()
 
     def _close_quietly(self) -> None:
@@ -126,10 +121,10 @@ class RunWriter:
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         self._clear_previous_run()
         self._failed = False  # a file of this run could not be written
-        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl", BUFFER_S * (name in BUFFERED_STREAMS),
+        self.streams = {name: StreamWriter(self.rank_dir / f"{name}.jsonl", name in BUFFERED_STREAMS,
                                            self._write_failed) for name in schema.STREAMS}
         atexit.register(self.flush)  # a loop that never closes the profiler still leaves every record
-        # a loop that stalls (the moment one opens the dashboard) still shows its last steps within BUFFER_S
+        # encoding off the training thread; a loop that stalls still shows its last steps within BUFFER_S
         self._stopped = threading.Event()
         self._flusher = threading.Thread(target=self._flush_every_buffer_s, name="gpuprof-writer", daemon=True)
         self._flusher.start()

@@ -1,6 +1,6 @@
 """A real tiny GPT-2 training loop for the capture tests; also a script for subprocess runs.
 
-    python capture_loop.py RUN_DIR --steps 50 --sleep-s 0.1 [--runs N]
+    python capture_loop.py RUN_DIR --steps 50 --sleep-s 0.1 [--runs N] [--nan-at STEP]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import gpuprof
 
 transformers.logging.set_verbosity_error()
 VOCAB, SEQ, BATCH = 256, 32, 4
+POISONED = "transformer.wte.weight"  # see train(nan_at=...)
 
 
 def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
@@ -41,13 +42,15 @@ def optimizer_step(model, optimizer, step: int) -> None:
 
 
 def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_at=None, scheduler=False,
-          sleep_s=0.0, ddp=False, clip="all", **profile_options) -> dict:
+          sleep_s=0.0, ddp=False, clip="all", nan_at=None, on_start=None, **profile_options) -> dict:
     """Trains `steps` optimizer steps; profiled into `run_dir` when given, bare otherwise.
 
     overflow_at: a step whose loss is multiplied by 1e9 before backward, so fp16 activation
     gradients really overflow and the GradScaler skips that optimizer step.
     clip: what clip_grad_norm_ is given: "all" parameters, the "first_block"'s, or "none" (no clipping);
     "split": all parameters, clipped as Accelerate >= 1.16 does (get_total_norm, then clip_grads_with_norm_).
+    nan_at: a step before whose forward the POISONED row of its first token goes NaN (NaN forensics on then).
+    on_start: called with the started Profiler (e.g. to break a part of capture).
     Returns what the loop itself saw: losses, clip_grad_norm_ results, learning rates used, and the
     global gradient norms before clipping (by hand: not through the functions gpuprof watches).
     """
@@ -63,10 +66,12 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
     clipped = {"all": list(model.parameters()), "first_block": list(getattr(model, "module", model).transformer.h[0].parameters()),
                "none": [], "split": list(model.parameters())}[clip]
     prof = None
-    profile_options.setdefault("numerics", False)  # NaN forensics has its own tests (tests/numerics)
+    profile_options.setdefault("numerics", nan_at is not None)  # NaN forensics has its own tests (tests/numerics)
     if run_dir is not None:
         prof = gpuprof.profile(run_dir, model=model, optimizer=optimizer, scaler=scaler, lr_scheduler=lr_scheduler,
                                config={"precision": precision}, **profile_options).start()
+        if on_start is not None:
+            on_start(prof)
     phase = prof.phase if prof is not None else (lambda name: contextlib.nullcontext())
     try:
         for step in range(steps):
@@ -74,6 +79,9 @@ def train(run_dir=None, *, steps=6, precision="fp32", accumulation=1, overflow_a
             for micro in range(accumulation):
                 with phase("data"):
                     inputs = batch(step, micro, rank)
+                if step == nan_at and micro == 0:
+                    with torch.no_grad():
+                        getattr(model, "module", model).get_parameter(POISONED)[inputs[0, 0]] = float("nan")
                 with phase("forward"), torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
                                                       enabled=autocast_dtype is not None):
                     loss = model(input_ids=inputs, labels=inputs).loss / accumulation
@@ -117,10 +125,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sleep-s", type=float, default=0.0)
     parser.add_argument("--runs", type=int, default=1, help="profiled runs in this one process")
+    parser.add_argument("--nan-at", type=int, default=None, help="the step whose POISONED row goes NaN")
     args = parser.parse_args()
     for index in range(args.runs):
         run_dir = args.run_dir if args.runs == 1 else f"{args.run_dir}-{index}"
-        train(run_dir, steps=args.steps, sleep_s=args.sleep_s)
+        train(run_dir, steps=args.steps, sleep_s=args.sleep_s, nan_at=args.nan_at)
 
 
 if __name__ == "__main__":

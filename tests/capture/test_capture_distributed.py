@@ -16,6 +16,7 @@ import pytest
 
 import gpuprof
 
+pytestmark = pytest.mark.newest_torch  # run again on the newest torch tested (scripts/test.sh)
 JOB = Path(__file__).with_name("gloo_job.py")
 DDP_STEPS, DDP_TRACE_STEPS = 4, [1, 3]
 STEPS, NAN_STEP, NAN_RANK = 4, 3, 1

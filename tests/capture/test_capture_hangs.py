@@ -24,7 +24,8 @@ import gpuprof
 from gpuprof.cli import main
 from gpuprof.report import build_report
 
-pytestmark = pytest.mark.slow  # multi-process
+pytestmark = [pytest.mark.slow,  # multi-process
+              pytest.mark.newest_torch]  # run again on the newest torch tested (scripts/test.sh)
 
 LOOP = Path(__file__).with_name("faulty_ddp_loop.py")
 # The watchdog beats every timeout / 4 and calls a rank silent after 3 beats: at 10 s, a loaded

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from capture_loop import train
 import gpuprof
 from gpuprof.errors import NotARunError, RunFormatError
 from gpuprof.run.reader import discover_runs
-from gpuprof.run.writer import StreamWriter
+from gpuprof.run.writer import BUFFER_S, RunWriter, StreamWriter
 
 LOOP = Path(__file__).with_name("capture_loop.py")
 
@@ -99,15 +100,36 @@ def test_clean_close_compacts_to_parquet_with_the_same_values(tmp_path):
 
 
 def test_buffered_records_reach_the_file_at_flush_and_close(tmp_path):
-    stream = StreamWriter(tmp_path / "steps.jsonl", buffer_s=3600.0)
+    stream = StreamWriter(tmp_path / "steps.jsonl", buffered=True)
     stream.write([{"step": 0}])
-    assert (tmp_path / "steps.jsonl").read_text() == ""  # still in memory: the buffer time has not passed
+    assert (tmp_path / "steps.jsonl").read_text() == ""  # still in memory until a flush
     stream.flush()
     stream.write([{"step": 1}])
     assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [0]
     stream.close()
     assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [0, 1]
     assert stream.records_written == 2
+
+
+class _EncodedOn:
+    """A value JSON has no type for: the writer encodes it as its text, which names the thread that encoded it."""
+
+    def __str__(self) -> str:
+        return threading.current_thread().name
+
+
+def test_step_records_are_encoded_on_the_writers_thread_never_the_training_thread(tmp_path):
+    writer = RunWriter(tmp_path / "run", rank=0)
+    writer.write("steps", [{"step": 0, "encoded_on": _EncodedOn()}])
+    writer.write("events", [{"step": 0, "kind": "note", "encoded_on": _EncodedOn()}])
+    deadline = time.monotonic() + 30 * BUFFER_S
+    while not (writer.rank_dir / "steps.jsonl").read_text() and time.monotonic() < deadline:
+        time.sleep(BUFFER_S / 10)
+    steps = (writer.rank_dir / "steps.jsonl").read_text()
+    events = (writer.rank_dir / "events.jsonl").read_text()
+    writer.close()
+    assert json.loads(steps)["encoded_on"] == "gpuprof-writer"
+    assert json.loads(events)["encoded_on"] == threading.current_thread().name  # an event is on disk at once
 
 
 def test_a_full_disk_switches_the_stream_off_without_raising(caplog):
@@ -160,7 +182,7 @@ def test_json_lines_and_parquet_read_back_the_same(tmp_path):
                             {"time_unix_s": 3.0, "rank": 0, "throttle_reasons": None}])
     writer.write("events", [{"time_unix_s": 1.0, "rank": 0, "step": 3, "kind": "k", "severity": "info",
                              "message": "m", "details": {"a": [1, 2], "b": None}}])
-    writer.write("steps", [{"step": 0, "rank": 0, "loss": float("nan"), "grad_norm": float("inf")}])
+    writer.write("steps", [{"step": 0, "rank": 0, "step_time_s": 0.1, "loss": float("nan"), "grad_norm": float("inf")}])
     live = gpuprof.load_run(tmp_path)
     writer.close()
     closed = gpuprof.load_run(tmp_path)

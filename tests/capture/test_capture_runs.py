@@ -13,6 +13,8 @@ from capture_loop import BATCH, SEQ, batch, tiny_model, train
 import gpuprof
 from gpuprof.capture import gradients
 
+pytestmark = pytest.mark.newest_torch  # run again on the newest torch tested (scripts/test.sh)
+
 
 @pytest.fixture(scope="module")
 def fp32_run(tmp_path_factory):

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
+
+# Beside the checkout (/work/main -> /work/shared/traces), or where GPUPROF_SHARED_TRACES says (a worktree).
+SHARED_TRACES = Path(os.environ.get("GPUPROF_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
 
 
 def figures(app) -> list[dict]:

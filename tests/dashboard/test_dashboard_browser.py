@@ -3,7 +3,6 @@ headless Chromium driven by Playwright, stopped with Ctrl-C."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
@@ -11,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
 import psutil
 import pytest
+from browser import chromium_page, needs_browser, rendered
 from dashboard_helpers import unreadable
 from dashboard_servers import ctrl_c_as_at_a_terminal
 
@@ -25,15 +24,6 @@ from gpuprof.diagnoses import diagnose
 from gpuprof.run.reader import load_run
 
 pytestmark = pytest.mark.slow  # a real browser against a real server
-
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the `test` extra installs it
-    sync_playwright = None
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-RENDER_TIMEOUT_S = 240.0  # generous: the suite runs on a shared, loaded 2-core machine (-n 2)
-
 
 def test_dashboard_serves_runs_on_localhost_and_stops_on_ctrl_c(sample_root, tmp_path, start_dashboard):
     shutil.copytree(sample_root / "baseline", tmp_path / "runs" / "baseline")
@@ -60,51 +50,6 @@ PAGES = (
     ("Compare", ("baseline", "optimized"), 3, 2, ["Speedup", "95 % CI", "Comparability contract", "Measured step times"]),
     ("Tune", (), 1, 1, ["Measured speedup against the estimate", "Each trial's run"]),
 )
-# A chart counts once Plotly has drawn its data: SVG traces (`.trace`) or a heatmap image (`.hm`).
-PAGE_STATE = """() => ({
-  charts: document.querySelectorAll('.js-plotly-plot').length,
-  drawn: Array.from(document.querySelectorAll('.js-plotly-plot'))
-    .filter(chart => chart.querySelector('.trace, .hm')).length,
-  tables: document.querySelectorAll('[data-testid="stDataFrame"]').length,
-  running: document.querySelectorAll('[data-testid="stStatusWidget"]').length,
-  failures: document.querySelectorAll('[data-testid="stException"], [data-testid="stAlertContentError"]').length,
-  text: document.body.innerText + ' | ' + Array.from(document.querySelectorAll('[role="gridcell"], [role="columnheader"]'))
-    .map(cell => cell.textContent).join(' | ')})"""
-# (Tables are drawn on a canvas: their cells' and headers' text is in the grid's accessible cells, not in innerText;
-# a missing cell is drawn "None" there but left empty in its accessible cell: the AppTest page tests check the
-# tables' data for it, dashboard_helpers.empty_cells.)
-
-
-def rendered(page, charts: int, tables: int, texts: list[str]) -> dict:
-    """The page's state once it shows `charts` drawn charts, `tables` tables and every text, with
-    Streamlit idle; polls the DOM (no fixed sleep) for up to RENDER_TIMEOUT_S."""
-    deadline = time.monotonic() + RENDER_TIMEOUT_S
-    state = {}
-    while time.monotonic() < deadline:
-        state = page.evaluate(PAGE_STATE)
-        if state["failures"]:
-            return state
-        if (state["drawn"] >= charts and state["drawn"] == state["charts"] and state["tables"] >= tables
-                and not state["running"] and all(text in state["text"] for text in texts)):
-            return state
-        page.wait_for_timeout(250)
-    missing = [text for text in texts if text not in state.get("text", "")]
-    raise AssertionError(f"page not rendered in {RENDER_TIMEOUT_S:.0f} s: {state.get('drawn')}/{state.get('charts')} "
-                         f"charts, {state.get('tables')} tables, missing texts {missing}, "
-                         f"text starts {state.get('text', '')[:300]!r}")
-
-
-@contextlib.contextmanager
-def chromium_page():
-    """A page of Debian's headless Chromium (Playwright's own browser download is not needed)."""
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 2400})
-        page.set_default_timeout(RENDER_TIMEOUT_S * 1000)
-        yield page
-        browser.close()
-
-
 def browser_root(sample_root: Path, snapshot_root: Path, plugin_traces: dict, views_trace: Path, folder: Path) -> Path:
     """The sample runs, a run with a trace window and memory snapshots, and plain traces (one recorded with
     every option of the plugin's views), in one folder."""
@@ -125,9 +70,7 @@ TRACE_PAGES = (
 
 
 # One server and one browser for both lists of pages: each start costs a loaded machine seconds of CPU.
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/test.sh installs Debian's "
-                    "`chromium` where it can: apt-get install -y chromium)")
-@pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install -e '.[test]')")
+@needs_browser
 def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in_chromium(
         sample_root, snapshot_root, plugin_traces, views_trace, tmp_path, start_dashboard):
     titles = [finding.title for finding in diagnose(load_run(sample_root / "slow-data"))]
@@ -166,7 +109,6 @@ def test_every_page_of_runs_and_of_plain_traces_renders_its_charts_and_tables_in
 
 
 WAITS_FOR_CTRL_C = """
-import time
 
 
 def test_serves_until_interrupted(start_dashboard, tmp_path):

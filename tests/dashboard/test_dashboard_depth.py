@@ -22,6 +22,7 @@ from gpuprof.dashboard import APP_PATH, RUNS_DIR_ENV
 from gpuprof.dashboard.charts import PHASE_COLORS
 from gpuprof.dashboard.views import memory, timeline
 from gpuprof.report.format import GIB, figure
+from gpuprof.report.page_views import snapshot_hint
 from gpuprof.run.reader import load_run
 
 LINK = re.compile(r"\[step (\d+)\]\((\?[^)]*)\)")
@@ -78,7 +79,9 @@ def test_timeline_and_memory_pages_say_how_to_record(sample_root, tmp_path, open
     shutil.copytree(sample_root / "baseline", tmp_path / "bare")
     shutil.rmtree(tmp_path / "bare" / "traces", ignore_errors=True)
     assert texts(open_page(tmp_path, "Timeline", ("bare",)).info) == [timeline.RECORD_HINT]
-    assert texts(open_page(tmp_path, "Memory", ("bare",)).info) == [memory.RECORD_HINT]
+    memory_lines = texts(open_page(tmp_path, "Memory", ("bare",)).info)
+    assert memory_lines == [snapshot_hint(load_run(tmp_path / "bare").meta)]
+    assert "recorded only on a CUDA device, and this run ran on the CPU" in memory_lines[0]  # a CPU run, said once
     (tmp_path / "empty").mkdir()
     for page in ("Timeline", "Memory"):
         assert any("Select" in text for text in texts(open_page(tmp_path / "empty", page).info))

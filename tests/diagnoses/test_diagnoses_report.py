@@ -190,7 +190,7 @@ def test_the_next_step_leaves_out_what_the_loop_already_does(write_cpu_run):
     assert not any(taken in next_step for taken in ("sdpa", "fused optimizer", "bf16"))
     compiled = {**SDPA_FUSED_LOOP, "model": {**SDPA_FUSED_LOOP["model"], "compiled": True}}
     assert verdict_of(write_cpu_run(meta={"loop": compiled})).next_step.startswith("The usual levers are in place")
-    assert verdict_of(write_cpu_run(meta={"loop": {}})).next_step == verdict.NEXT_STEPS["compute"]
+    assert verdict_of(write_cpu_run(meta={"loop": {}})).next_step == verdict.NEXT_STEPS_WITHOUT_GPU["compute"]
 
 
 def test_host_levers_and_measuring_findings(gpu_device):

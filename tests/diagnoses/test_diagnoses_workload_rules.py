@@ -7,6 +7,7 @@ import pytest
 
 from gpuprof.diagnoses import diagnose
 from gpuprof.diagnoses.context import RunContext
+from gpuprof.diagnoses.fits import MAX_LOADER_WORKERS
 from gpuprof.diagnoses.registry import RULES, all_rules
 from gpuprof.diagnoses.rules import dataloader, distributed, host_sync
 all_rules()
@@ -22,7 +23,7 @@ def test_dataloader_bound(recorded_runs):
     # The loader sleeps DATA_DELAY_MS per batch; the recorded data phase must show it.
     assert finding.evidence["data_time_p50_s"] >= 0.9 * recorded_runs.data_delay_ms / 1000
     # no workers in the loop: the saving its workers could make, at most one per core of the recording host
-    assert finding.evidence["estimate_workers"] == min(dataloader.MAX_LOADER_WORKERS, psutil.cpu_count())
+    assert finding.evidence["estimate_workers"] == min(MAX_LOADER_WORKERS, psutil.cpu_count())
     assert finding.est_gain_pct == pytest.approx(dataloader.hidden_by_workers_pct(
         finding.evidence["data_share_pct"], finding.evidence["estimate_workers"]))
     assert not fired(recorded_runs["baseline"], "dataloader-bound")

@@ -14,6 +14,8 @@ import gpuprof
 from gpuprof.cli import main
 from gpuprof.workloads.gpt2.faults import SPIKED_LR, Injector, parse
 
+pytestmark = pytest.mark.newest_torch  # run again on the newest torch tested (scripts/test.sh)
+
 SEQ, BATCH = 16, 2
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 REPLAYED_FROM_BUNDLE = {("attn-overflow@1", "fp16"), ("ignored-labels@1", "fp32"), ("lr-spike@1", "fp32"),

@@ -10,6 +10,8 @@ from numerics_helpers import events
 from gpuprof.cli import main
 from gpuprof.workloads.gpt2 import train
 
+pytestmark = pytest.mark.newest_torch  # run again on the newest torch tested (scripts/test.sh)
+
 REPLAYED = {("attn-overflow@1", "fp16"), ("embedding-nan@1", "fp32"), ("lr-spike@1", "fp32"),
             ("sqrt-zero@1", "bf16")}
 

@@ -22,6 +22,8 @@ from gpuprof.numerics.investigation import STEPPED_DESPITE_SCALER
 from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS
 from gpuprof.run.schema import BLAME_PHASES, EventKind
 
+pytestmark = pytest.mark.newest_torch  # run again on the newest torch tested (scripts/test.sh)
+
 VOCAB, WIDTH, SEQ, BATCH = 32, 16, 8, 2
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 LOSS_SHAPES = ("0-d", "[1]", "vector", "float", "dict", "model output")

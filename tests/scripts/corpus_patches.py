@@ -174,6 +174,50 @@ def _before_training_forward(model: str, at_call: int, fault: Callable) -> None:
         after_import(module_name, lambda module: patch(getattr(module, class_name)))
 
 
+def first_nonfinite(model: str, path: str) -> None:
+    """Writes to `path` (JSON), seen from outside gpuprof, where training `model` first made a non-finite value:
+    `update`, [optimizer step from 0, parameter] after the first update that left a parameter non-finite;
+    `forward`, [training call from 0, module] of the first module whose output was non-finite from finite inputs.
+    A witness for the blame: plain hooks, checked after every update and every module's training forward."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils._pytree import tree_flatten
+
+    seen: dict[str, Any] = {"update": None, "forward": None}
+    updates, calls = iter(range(1 << 62)), iter(range(1, 1 << 62))
+    call = [0]  # the training call running now (None in an evaluation): installed inside call 0, after its pre-hooks
+
+    def finite(value) -> bool:
+        return all(bool(torch.isfinite(t).all()) for t in tree_flatten(value)[0]
+                   if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+    def note(key: str, where: list) -> None:
+        if seen[key] is None:
+            seen[key] = where
+            Path(path).write_text(json.dumps(seen))
+
+    def watch(root, inputs):
+        parameters = list(root.named_parameters())  # in the model's order, as a blame names the first
+        root.register_forward_pre_hook(lambda module, args: call.__setitem__(
+            0, next(calls) if torch.is_grad_enabled() else None))
+        for name, module in root.named_modules():
+            module.register_forward_hook(lambda module, args, output, name=name: note("forward", [call[0], name])
+                                         if call[0] is not None and finite(args) and not finite(output) else None)
+
+        def after_update(optimizer, args, kwargs):
+            step = next(updates)
+            bad = [name for name, parameter in parameters if not finite(parameter)]
+            if bad:
+                note("update", [step, bad[0]])
+
+        register_optimizer_step_post_hook(after_update)
+
+    _before_training_forward(model, 0, watch)
+
+
 def loader_batch_size(batch_size: int) -> None:
     """Every torch DataLoader the script makes batches `batch_size` items, whatever the script says."""
     from torch.utils.data import DataLoader

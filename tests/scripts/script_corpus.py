@@ -31,6 +31,10 @@ Harness API (for any test folder: `from script_corpus import ...`):
         class holding the optimizer as an attribute, a model returning `(logits, loss)`, a callback after
         every iteration that samples from the model once in 500) on random words as input.txt; `config`
         overrides CHARGPT_CONFIG as minGPT's own `--section.key=value` arguments.
+    run_x_transformers(tmp_path, patches=(), gpuprof_args=(), how=run_script, **names) -> ScriptRun
+        (corpus_x_transformers.py) lucidrains/x-transformers' train_enwik8.py with its x_transformers package beside
+        it: a plain loop of gradient accumulation drawing its batches with `next()` from a generator (`cycle()` over a
+        DataLoader), validating and generating (`model.generate`) every few iterations, on random bytes as enwik8.
     run_script(name, tmp_path, script_args, patches=(), env=None, timeout_s=..., ranks=1, gpuprof_args=())
         -> ScriptRun
         any SOURCES entry, once its data is in `tmp_path/work` (the scripts' working directory); `gpuprof_args`
@@ -110,6 +114,12 @@ SOURCES = {
         *EXAMPLES, ("distributed/ddp-tutorial-series/multigpu_torchrun.py",
                     "distributed/ddp-tutorial-series/datautils.py"),
         entry="distributed/ddp-tutorial-series/multigpu_torchrun.py"),
+    "x_transformers_enwik8": Source(
+        "lucidrains/x-transformers", "dbc0d9550de38571907b0df58d2c9fa4c0bfecb6",
+        ("train_enwik8.py", *(f"x_transformers/{module}.py" for module in (
+            "__init__", "attend", "autoregressive_wrapper", "continuous", "dpo", "multi_input", "neo_mlp",
+            "nonautoregressive_wrapper", "x_transformers", "xl_autoregressive_wrapper", "xval"))),
+        entry="train_enwik8.py", packages=("x_transformers",)),
     "hf_run_clm": Source(
         "huggingface/transformers", "00d481d18f914b55e65faa31e82321629691eadb",
         ("examples/pytorch/language-modeling/run_clm.py",), entry="examples/pytorch/language-modeling/run_clm.py"),

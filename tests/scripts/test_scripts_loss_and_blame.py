@@ -10,7 +10,8 @@ from script_corpus import assert_recorded, nonfinite_event, run_nanogpt
 
 from gpuprof.analysis.run import summarize
 
-pytestmark = pytest.mark.slow  # real scripts in child processes
+pytestmark = [pytest.mark.slow,  # real scripts in child processes
+              pytest.mark.newest_torch]  # run again on the newest torch tested (scripts/test.sh)
 
 BATCH_64 = dict(batch_size=64, block_size=32)
 GPT = "model:GPT"  # nanoGPT's model class, in its model.py

@@ -13,7 +13,8 @@ from script_corpus import CHARGPT_CONFIG, assert_recorded, run_chargpt
 
 from gpuprof.report import build_report
 
-pytestmark = pytest.mark.slow  # real scripts in child processes
+pytestmark = [pytest.mark.slow,  # real scripts in child processes
+              pytest.mark.newest_torch]  # run again on the newest torch tested (scripts/test.sh)
 
 PRINTED = re.compile(r"iter (\d+): train loss ([\d.]+)")
 ITERATIONS = CHARGPT_CONFIG["trainer.max_iters"]

@@ -106,7 +106,9 @@ def test_accelerate_example_slow_dataloader_and_epoch_end_evaluation(accelerate_
     verdict = report.verdict
     assert verdict.bound == "input" and verdict.share_pct >= 50, verdict.why
     assert "Evaluation inside the loop is left out of the step's bound: 2 time(s)" in verdict.why
-    assert "DataLoader(num_workers=4, pin_memory=True" in verdict.next_step and "gpuprof train" not in verdict.next_step
+    # a CPU run: no pin_memory, workers as many as its cores allow (gpuprof.diagnoses.fits)
+    assert "DataLoader(num_workers=" in verdict.next_step and "pin_memory" not in verdict.next_step
+    assert "gpuprof train" not in verdict.next_step
 
 
 def test_lightning_transformer_example_is_recorded(lightning_validating):
@@ -127,7 +129,9 @@ def test_lightning_slow_loader_is_input_and_its_validation_eval_not_host(lightni
     assert verdict.bound == "input" and verdict.share_pct >= 60, verdict.why
     assert verdict.share_pct >= 100 * LIGHTNING_DELAY_S * len(steps) / training_s - 0.5, verdict.why  # the delay's
     assert "Evaluation inside the loop is left out of the step's bound" in verdict.why
-    assert "DataLoader(num_workers=4, pin_memory=True" in verdict.next_step and "gpuprof train" not in verdict.next_step
+    # a CPU run: no pin_memory, workers as many as its cores allow (gpuprof.diagnoses.fits)
+    assert "DataLoader(num_workers=" in verdict.next_step and "pin_memory" not in verdict.next_step
+    assert "gpuprof train" not in verdict.next_step
 
 
 SLOW_DISK = '''"""torch.save on a slow disk: a library's delay, not the loop's (this file sits in a site-packages folder)."""

@@ -146,14 +146,15 @@ def trace_files(path) -> list[Path]:
 def trace_spans(files: list[Path]) -> list[list[Path]]:
     """The files of one folder as trace windows ("spans"), each a list of one file per worker (rank):
     tensorboard_trace_handler writes a file per worker each time the profiler's schedule completes a
-    cycle, so a worker's n-th file (by timestamp) is the n-th span. Files not named by the handler,
-    or one file per worker, are one window."""
+    cycle, so a worker's n-th file (by timestamp) is the n-th span. Files none of which the handler named
+    are one window; beside files it named, the others are in no span (the report says which)."""
     matched = [PLUGIN_FILE_RE.match(file.name) for file in files]
-    if not all(matched):
+    if not any(matched):
         return [list(files)]
     by_worker: dict[str, list[tuple[int, Path]]] = {}
     for match, file in zip(matched, files):
-        by_worker.setdefault(match["worker"], []).append((int(match["timestamp"]), file))
+        if match:
+            by_worker.setdefault(match["worker"], []).append((int(match["timestamp"]), file))
     ordered = [[file for _, file in sorted(items)] for items in by_worker.values()]
     n_spans = max(len(worker_files) for worker_files in ordered)
     return [[worker_files[span] for worker_files in ordered if span < len(worker_files)] for span in range(n_spans)]

@@ -1,7 +1,8 @@
 """The intervals of one profiler step, row by row, thinned for drawing: the Timeline page's data.
 
 Rows: each device stream (kernels, memcpys, memsets) and each host thread at each nesting depth
-(an op inside an op goes one row down, as in Perfetto). A browser draws a few thousand bars
+(an op inside an op goes one row down, as in Perfetto); Python frames (with_stack=True) on lanes of
+their own below a thread's ops. A browser draws a few thousand bars
 fluidly, not a step's hundred thousand events, so `thin` merges the intervals shorter than
 one pixel of the drawn step per row and pixel, and, when more remain than asked, keeps the
 longest.
@@ -23,6 +24,10 @@ MAX_INTERVALS = 2000
 WIDTH_PX = 1600
 # Host ops nested deeper than this are not drawn: they are the shortest, and each level is a row.
 MAX_HOST_DEPTH = 6
+# Python frames (with_stack=True) nest as deep as the program's stack: they get lanes of their own, below the
+# ops (whose depth counts ops alone), and only the outermost of them, so they never crowd out an op.
+PYTHON_KIND = "python_function"
+MAX_PYTHON_DEPTH = 3
 # Annotations copied onto the device timeline repeat host ranges; they are not work on a stream.
 SKIPPED_KINDS = ("gpu_user_annotation",)
 COLUMNS = ["row", "kind", "name", "start_us", "end_us", "dur_us", "busy_us", "events"]
@@ -98,18 +103,22 @@ def _stream_rows(events: pd.DataFrame) -> np.ndarray:
 
 
 def _thread_rows(events: pd.DataFrame) -> np.ndarray:
-    """`thread T · depth D` for host events; None past MAX_HOST_DEPTH (and for device events)."""
+    """`thread T · depth D` for host ops, `thread T · python D` for Python frames; None past their
+    deepest lane (and for device events)."""
     rows = np.full(len(events), None, dtype=object)
     host = np.flatnonzero(~events["is_device"].to_numpy())
     tids = events["tid"].astype(str).to_numpy()[host]
+    python = (events["kind"].astype(str).to_numpy() == PYTHON_KIND)[host]
     starts = events["ts_us"].to_numpy()[host]
     ends = events["end_us"].to_numpy()[host]
-    for tid in pd.unique(tids):
-        on_thread = np.flatnonzero(tids == tid)
-        order = on_thread[np.lexsort((-(ends[on_thread]), starts[on_thread]))]  # parents before children
+    lanes = {False: ("depth", MAX_HOST_DEPTH), True: ("python", MAX_PYTHON_DEPTH)}
+    for tid, is_python in dict.fromkeys(zip(tids.tolist(), python.tolist())):
+        lane, deepest = lanes[is_python]
+        on_lane = np.flatnonzero((tids == tid) & (python == is_python))
+        order = on_lane[np.lexsort((-(ends[on_lane]), starts[on_lane]))]  # parents before children
         for position, depth in zip(order, nesting_depths(starts[order], ends[order])):
-            if depth < MAX_HOST_DEPTH:
-                rows[host[position]] = f"thread {tid} · depth {depth}"
+            if depth < deepest:
+                rows[host[position]] = f"thread {tid} · {lane} {depth}"
     return rows
 
 

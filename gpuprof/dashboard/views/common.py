@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from gpuprof.report.format import SEVERITY_COLORS, code_parts, field_text, gain_text, present, value_text
+from gpuprof.report.page_views import BLAME_EVIDENCE, evidence_rows
 from gpuprof.report.verdict import HOW_TO_RECORD
 from gpuprof.errors import GpuprofError
 
@@ -85,7 +86,12 @@ def markdown_text(text: str) -> str:
 
 def show_values(values: dict) -> None:
     """Evidence as a table of its values, each as people read it."""
-    st.table(pd.DataFrame({"value": [value_text(value) for value in values.values()]}, index=list(map(field_text, values))))
+    show_rows([(field_text(name), value_text(value)) for name, value in values.items()])
+
+
+def show_rows(rows: list[tuple[str, str]]) -> None:
+    """(field, value) rows, already in words, as a table."""
+    st.table(pd.DataFrame({"value": [value for _, value in rows]}, index=[field for field, _ in rows]))
 
 
 def show_verdict(verdict) -> None:
@@ -95,9 +101,10 @@ def show_verdict(verdict) -> None:
                                     f"**Next:** {markdown_text(verdict.next_step)}", icon=":material/gavel:")
 
 
-def show_findings(findings: list, empty: str = "No problems found by the diagnosis rules.") -> None:
+def show_findings(findings: list, empty: str = "No problems found by the diagnosis rules.",
+                  blame_shown: bool = False) -> None:
     """Diagnoses, worth the most first: title always visible; evidence and fix one click away. `empty`: what
-    to say when there are none."""
+    to say when there are none; `blame_shown`: the page shows the NaN blame itself, so findings leave it out."""
     if not findings:
         st.success(empty)
         return
@@ -113,9 +120,9 @@ def show_findings(findings: list, empty: str = "No problems found by the diagnos
             if flat:
                 show_values(flat)
             for key, value in finding.evidence.items():
-                if isinstance(value, dict) and present(value):
+                if isinstance(value, dict) and present(value) and not (blame_shown and key == BLAME_EVIDENCE):
                     st.caption(field_text(key))
-                    show_values(present(value))
+                    show_rows(evidence_rows(key, value))
 
 
 def show_not_in_a_trace(what: str, signals: tuple[str, ...]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from gpuprof.analysis.run.stats import Interval
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import step_time_distribution_panel, trace_steps_panel
 from gpuprof.dashboard.views.common import (
@@ -17,8 +16,8 @@ from gpuprof.dashboard.views.common import (
 )
 from gpuprof.report import compare
 from gpuprof.report.comparison import contract_lines, distribution_rows, figure_rows, figures_caption
-from gpuprof.report.format import ci_text, figure_text
 from gpuprof.report.gate import POOLINGS
+from gpuprof.report.page_views import compare_kpis
 from gpuprof.report.trace_views import DIFF_TITLE
 
 FIGURE_COLUMNS = {
@@ -30,17 +29,16 @@ FIGURE_COLUMNS = {
 }
 
 
+# A figure's small print is grey where its interval names no winner, else green for B, red for A.
+KPI_COLORS = {"B better": "normal", "A better": "inverse"}
+
+
 def headline(comparison) -> None:
-    """The conclusion, then the speedup and throughput ratio with their intervals."""
+    """The conclusion, then the speedup, throughput and peak memory ratios, each with its interval."""
     (st.warning if comparison.blocking else st.success)(escape_markdown(comparison.conclusion))
-    by_name = {figure.name: figure.change for figure in comparison.figures}
-    slowdown = comparison.slowdown
-    ratios = {"Speedup (B over A, mean step time)": slowdown.inverted() if isinstance(slowdown, Interval) else None,
-              "Throughput (B/A)": by_name.get("Throughput"), "Peak memory (B/A)": by_name.get("Peak memory")}
-    for column, (label, ratio) in zip(st.columns(len(ratios)), ratios.items()):
-        interval = isinstance(ratio, Interval)
-        column.metric(label, figure_text(ratio.point if interval else ratio, "×"),
-                      help=ci_text(ratio, "×") if interval else None)
+    for column, kpi in zip(st.columns(3), compare_kpis(comparison)):
+        column.metric(kpi.label, kpi.value, delta=kpi.note or None, delta_arrow="off",
+                      delta_color=KPI_COLORS.get(kpi.call, "off"))
 
 
 def findings_column(column, title: str, findings: list) -> None:

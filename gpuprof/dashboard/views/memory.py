@@ -12,18 +12,16 @@ import streamlit as st
 from gpuprof.analysis.memory_snapshot import MemorySnapshot
 from gpuprof.analysis.trace.tables import TABLE_TITLES, missing_note, missing_views
 from gpuprof.dashboard import data
-from gpuprof.dashboard.charts import CHART_TEMPLATE, trace_memory_panel
+from gpuprof.dashboard.charts import CHART_TEMPLATE, LEGEND_ABOVE, NUMBER_FORMAT, trace_memory_panel
 from gpuprof.dashboard.downsample import lttb
 from gpuprof.dashboard.views.common import need_runs, section, show_frame, show_not_in_a_trace, show_panel
 from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
 from gpuprof.report.frames import units_view
+from gpuprof.report.page_views import snapshot_hint
 from gpuprof.report.trace_views import frame_view
 
 PAGE = "Memory"
-RECORD_HINT = ("This run has no CUDA memory snapshot. On a CUDA device, call `prof.memory_snapshot()` in the loop "
-               "(pass `memory_history=True` to `gpuprof.profile(...)` for the allocation timeline and the stacks); "
-               "an out-of-memory error leaving the loop writes one too.")
 HISTORY_HINT = ("This snapshot holds no allocation history, only what was live when it was taken: pass "
                 "`memory_history=True` to `gpuprof.profile(...)` to record the allocator's actions and stacks.")
 
@@ -39,9 +37,9 @@ def timeline_figure(snapshot: MemorySnapshot) -> go.Figure:
             chart.add_scatter(x=points[x], y=points[column] / GIB, mode="lines",
                               name=f"{column.removesuffix('_bytes')} · device {device}")
     chart.update_layout(template=CHART_TEMPLATE, height=360, margin=dict(l=10, r=10, t=30, b=10),
-                        hovermode="x unified", legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"))
+                        hovermode="x unified", legend=LEGEND_ABOVE)
     chart.update_xaxes(title_text="time (µs)" if x == "time_us" else "allocator action (oldest kept first)")
-    chart.update_yaxes(title_text="GiB")
+    chart.update_yaxes(title_text="GiB", tickformat=NUMBER_FORMAT, hoverformat=NUMBER_FORMAT)
     return chart
 
 
@@ -84,7 +82,7 @@ def pick_snapshot(entry) -> Path | None:
         return None
     on_oom = data.memory_snapshots(str(entry.path), entry.signature)
     if not on_oom:
-        st.info(RECORD_HINT)
+        st.info(snapshot_hint(entry.meta), icon=":material/info:")
         return None
     return st.selectbox("Snapshot", list(on_oom), key="memory_snapshot",
                         format_func=lambda file: f"{file.name} · {'out of memory' if on_oom[file] else 'on demand'}")

@@ -4,43 +4,22 @@ around it, the GradScaler's view, and the command that replays the step."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from gpuprof.dashboard.charts import loss_panel, scaler_panel
 from gpuprof.dashboard.views.common import (
-    escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel,
+    escape_markdown, need_runs, section, show_findings, show_not_in_a_trace, show_panel, show_rows,
 )
-from gpuprof.report.format import MISSING, field_text, figure, known, value_text
-from gpuprof.run.schema import BLAME_PHASES, bundle_in_run
+from gpuprof.report.format import MISSING, field_text, figure, known
+from gpuprof.report.page_views import blame_rows, events_around, replay_bundle
+from gpuprof.run.schema import BLAME_PHASES
 
 EVENT_COLUMNS = {
     "time": st.column_config.DatetimeColumn("time (UTC)", format="HH:mm:ss.SSS"),
     "step": st.column_config.TextColumn("step", help="n/a: an event of the run, not of a step"),
 }
-BLAME_FIELDS = ("step", "rank", "phase", "module", "op", "first", "tensor", "dtype", "shape",
-                "nonfinite_count", "input_absmax", "source", "micro_batch", "trigger")
-
-
-def blame_fields(event: pd.Series) -> pd.DataFrame:
-    """Field/value rows of one non-finite event: where it happened, the tensor, and the cause found."""
-    details = event["details"] if isinstance(event["details"], dict) else {}
-    fields = {"step": event["step"], "rank": event["rank"]}
-    fields.update({name: details.get(name) for name in BLAME_FIELDS if name not in fields})
-    cause = details.get("cause")
-    if isinstance(cause, dict) and cause.get("summary"):
-        fields["cause"] = cause["summary"]
-    shown = {name: value for name, value in fields.items() if value is not None and value == value}
-    return pd.DataFrame({"field": list(map(field_text, shown)), "value": [_text(value) for value in shown.values()]})
-
-
-def _text(value) -> str:
-    """A blame field; its lists are tensor shapes."""
-    return " × ".join(map(str, value)) if isinstance(value, (list, tuple)) else value_text(value)
-
-
 def readable_events(events: pd.DataFrame) -> pd.DataFrame:
     """The events with their clock time as a time, their step as a whole number (n/a for the run's own) and
     their kind in words."""
@@ -49,24 +28,19 @@ def readable_events(events: pd.DataFrame) -> pd.DataFrame:
     return shown.assign(time=pd.to_datetime(events["time_unix_s"], unit="s"))[["time", *shown.columns]]
 
 
-def replay_bundle(run_path: Path, event: pd.Series) -> Path | None:
+def show_blame(entry, event: pd.Series, titles: str) -> None:
+    """One blame, once: its line where no finding's title (`titles`) already says it, then its fields with the
+    line to start at, and the replay command where this copy of the run holds the bundle."""
     details = event["details"] if isinstance(event["details"], dict) else {}
-    return bundle_in_run(run_path, details["bundle"]) if details.get("bundle") else None
-
-
-def show_blame(entry, event: pd.Series) -> None:
-    st.markdown(f":red[**{escape_markdown(event['message'])}**]")
-    st.table(blame_fields(event).set_index("field"))
-    phase = (event["details"] if isinstance(event["details"], dict) else {}).get("phase")
-    if phase in BLAME_PHASES:
-        st.caption(f"Phase {phase}: {BLAME_PHASES[phase]}.")
-    bundle = replay_bundle(entry.path, event)
+    if event["message"] not in titles:
+        st.markdown(f":red[**{escape_markdown(event['message'])}**]")
+    show_rows(blame_rows(event["step"], event["rank"], details))
+    if details.get("phase") in BLAME_PHASES:
+        st.caption(f"Phase {details['phase']}: {BLAME_PHASES[details['phase']]}.")
+    bundle = replay_bundle(entry.path, details)
     if bundle is not None:
         st.caption("Replay the step on this machine and print the same blame:")
         st.code(f"gpuprof replay {shlex.quote(str(bundle))}", language="bash")
-        if not bundle.is_file():
-            st.caption(f"The bundle {bundle.name} is not in this copy of the run (bundles hold the model "
-                       "and optimizer state, so shared copies often leave them out).")
 
 
 def render(root, entries, selected) -> None:
@@ -79,8 +53,10 @@ def render(root, entries, selected) -> None:
         return
     report = entry.report
     others = len(report.findings) - len(report.findings_in("numerics"))
-    show_findings(report.findings_in("numerics"), "No numerics findings" + (
-        f" (the Run page lists this run's {others} other finding{'s' * (others != 1)})." if others else "."))
+    findings = report.findings_in("numerics")
+    show_findings(findings, "No numerics findings" + (
+        f" (the Run page lists this run's {others} other finding{'s' * (others != 1)})." if others else "."),
+        blame_shown=not report.blames.empty)
     with section("Non-finite values"):
         st.subheader("Where a value first went non-finite")
         if report.blames.empty:
@@ -91,11 +67,12 @@ def render(root, entries, selected) -> None:
                 f"{health['skipped_steps']} steps skipped by GradScaler."
             )
         else:
+            titles = " ".join(finding.title for finding in findings)
             for _, event in report.blames.iterrows():
-                show_blame(entry, event)
+                show_blame(entry, event, titles)
             st.subheader("Events around it")
-            st.dataframe(readable_events(report.blame_chain), hide_index=True, column_config=EVENT_COLUMNS,
-                         key="chain_table")
+            st.dataframe(readable_events(events_around(report.blame_chain, report.blames)), hide_index=True,
+                         column_config=EVENT_COLUMNS, key="chain_table")
     with section("Loss and GradScaler"):
         query = report.run.query
         ranks = query.ranks_with_steps

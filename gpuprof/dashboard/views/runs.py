@@ -10,6 +10,7 @@ import streamlit as st
 from gpuprof.dashboard import MAX_SELECTED_RUNS
 from gpuprof.report.format import GIB, MISSING, device_label, workload_label
 from gpuprof.report.frames import shown_values
+from gpuprof.run.reader import unlisted_traces_note
 
 
 def _row(entry) -> dict:
@@ -61,6 +62,9 @@ def render(root, entries, selected) -> None:
     st.header("Runs")
     st.caption(f"Folder: `{root}`")
     readable = [entry for entry in entries if entry.ok]
+    unlisted = unlisted_traces_note(root)
+    if unlisted:
+        st.caption(unlisted)
     if not entries:
         st.info(
             f"No runs under {root}. Record one with `gpuprof train --run-dir {root}/NAME`, "

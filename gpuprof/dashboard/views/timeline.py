@@ -14,7 +14,7 @@ import streamlit as st
 from gpuprof.analysis.trace.loader import Trace, load_trace
 from gpuprof.analysis.trace.timeline import StepTimeline, step_timeline, trace_steps
 from gpuprof.dashboard import data
-from gpuprof.dashboard.charts import CHART_TEMPLATE, PHASE_COLORS
+from gpuprof.dashboard.charts import CHART_TEMPLATE, LEGEND_ABOVE, PHASE_COLORS
 from gpuprof.dashboard.views.common import need_runs, section, show_frame
 from gpuprof.report.frames import units_view
 from gpuprof.report.verdict import HOW_TO_RECORD
@@ -87,7 +87,7 @@ def figure(timeline: StepTimeline) -> go.Figure:
         )
     chart.update_layout(template=CHART_TEMPLATE, barmode="overlay",
                         height=80 + ROW_HEIGHT_PX * max(1, len(timeline.rows)), margin=dict(l=10, r=10, t=30, b=10),
-                        legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+                        legend=LEGEND_ABOVE,
                         uniformtext=dict(minsize=8, mode="hide"))  # a name too long for its bar is left out
     chart.update_yaxes(categoryorder="array", categoryarray=timeline.rows[::-1])
     chart.update_xaxes(title_text="ms since the step started", range=[0, timeline.step_time_us / 1e3],

@@ -13,8 +13,10 @@ from gpuprof.analysis.trace.tables import TABLE_TITLES, VIEW_NEEDS, missing_note
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import kernel_types_panel, top_kernels_panel, trace_memory_panel, trace_steps_panel
 from gpuprof.dashboard.views import timeline
-from gpuprof.dashboard.views.common import section, show_frame, show_panel
+from gpuprof.dashboard.views.common import section, show_findings, show_frame, show_panel, show_verdict
+from gpuprof.errors import GpuprofError
 from gpuprof.report import TraceWindow
+from gpuprof.report.page_views import upload_error
 from gpuprof.report.trace_views import empty_tables_note, frame_view, steps_note
 from gpuprof.report.verdict import HOW_TO_RECORD
 
@@ -24,22 +26,15 @@ TRACE_FILE_HELP = "A torch.profiler Chrome trace (.json or .json.gz)."
 SHOWN_FIRST = ("overview", "step_breakdown", "kernel_type_breakdown", "top_kernels")
 
 
-def pick_window(selected) -> TraceWindow | None:
-    """The trace to show: a window of the selected run (analysed in its report), or an uploaded file."""
+def pick_window(selected) -> TraceWindow | str:
+    """The trace to show: a window of the selected run (analysed in its report), or UPLOAD."""
     windows = {window.name: window for window in selected[0].report.trace_windows} if selected else {}
     choice = st.selectbox(
         "Trace", [*windows, UPLOAD], key="trace_choice",
         format_func=lambda option: option if option == UPLOAD else f"{option} ({len(windows[option].files)} file(s))",
         help="A trace window of the selected run (all its ranks), or any torch.profiler trace.",
     )
-    if choice != UPLOAD:
-        return windows[choice]
-    upload = st.file_uploader("Trace file", type=["json", "gz"], key="trace_upload", help=TRACE_FILE_HELP)
-    if upload is None:
-        st.info("Upload a torch.profiler Chrome trace (.json or .json.gz) to analyse it.")
-        return None
-    path = saved_upload(upload)
-    return data.uploaded_trace((str(path),), data.file_signature([path]))
+    return UPLOAD if choice == UPLOAD else windows[choice]
 
 
 def saved_upload(upload) -> Path:
@@ -51,6 +46,29 @@ def saved_upload(upload) -> Path:
         path.parent.mkdir(parents=True)
         path.write_bytes(upload.getvalue())
     return path
+
+
+def show_upload(title) -> None:
+    """An uploaded trace as `gpuprof trace` reports it: `title` (the page's header) names the file, the verdict
+    and findings come first, then its tables; a file that is not a trace gets one line in its own name."""
+    upload = st.file_uploader("Trace file", type=["json", "gz"], key="trace_upload", help=TRACE_FILE_HELP)
+    if upload is None:
+        title.header("Trace · an uploaded file")
+        st.info("Upload a torch.profiler Chrome trace (.json or .json.gz) to analyse it.")
+        return
+    title.header(f"Trace · uploaded `{Path(upload.name).name}`")
+    path = saved_upload(upload)
+    try:
+        report = data.uploaded_trace_report(str(path), data.file_signature([path]))
+    except GpuprofError as error:
+        st.error(upload_error(error, path, Path(upload.name).name))
+        return
+    show_verdict(report.verdict)
+    st.subheader("Diagnoses")
+    show_findings(report.findings)
+    with section("Trace analysis"):
+        show_tables(report.tables)
+    download(path)
 
 
 def show_tables(tables: dict, step_links=None) -> None:
@@ -87,20 +105,25 @@ def show_tables(tables: dict, step_links=None) -> None:
 
 
 def render(root, entries, selected) -> None:
-    st.header("Trace" + (f" · `{selected[0].name}`" if selected else ""))
+    title = st.empty()  # the header names the trace shown, known once picked below it
     window = pick_window(selected)
-    if window is None:
+    if window == UPLOAD:
+        show_upload(title)
         if selected and not selected[0].report.trace_windows:
-            st.caption(f"This run has no trace window. Record {HOW_TO_RECORD['trace window']}.")
+            st.caption(f"`{selected[0].name}` has no trace window. Record {HOW_TO_RECORD['trace window']}.")
         return
-    files = window.files
-    from_run = bool(selected) and files[0].is_relative_to(selected[0].path)
-    links = partial(timeline.step_links, selected[0].name, window.name) if from_run else None
+    title.header(f"Trace · `{selected[0].name}`")
+    links = partial(timeline.step_links, selected[0].name, window.name) \
+        if window.files[0].is_relative_to(selected[0].path) else None
     if window.error is not None:
         st.error(f"Trace analysis: {window.error}")
     else:
         with section("Trace analysis"):
             show_tables(window.tables, links)
-    for file in files:
-        st.download_button(f"Download {file.name} (open in ui.perfetto.dev)", file.read_bytes(),
-                           file_name=file.name, key=f"download-{file.name}")
+    for file in window.files:
+        download(file)
+
+
+def download(file: Path) -> None:
+    st.download_button(f"Download {file.name} (open in ui.perfetto.dev)", file.read_bytes(),
+                       file_name=file.name, key=f"download-{file.name}")

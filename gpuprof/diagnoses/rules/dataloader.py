@@ -14,29 +14,30 @@ import os
 import pandas as pd
 
 from gpuprof.diagnoses.finding import Finding
+from gpuprof.diagnoses.fits import LOADER_PREFETCH_FACTOR, Hardware
 from gpuprof.diagnoses.knob import knob
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
 
 DATA_SHARE_WARNING_PCT = 15.0
 DATA_SHARE_CRITICAL_PCT = 40.0
-MAX_LOADER_WORKERS = 4
-LOADER_PREFETCH_FACTOR = 2
 UNEVEN_FACTOR = 2.0  # a rank waiting this many times the median rank's share is named
 EVIDENCE_RANKS = 10
 PIN_MEMORY_FIX = " The loader does not pin memory: pin_memory=True lets each batch's copy to the GPU run asynchronously."
-# A Hugging Face Trainer builds its DataLoader from its TrainingArguments (the run's config holds them).
-TRAINER_LOADER_ARGUMENTS = (" (the Trainer builds it: TrainingArguments(dataloader_num_workers=4, "
-                            "dataloader_persistent_workers=True, dataloader_prefetch_factor=2), "
-                            "--dataloader_num_workers=4 where the script parses them)")
 
 
-def fix_for(num_workers, flags: str = "") -> str:
+def trainer_loader_arguments(workers: int) -> str:
+    """Where a Hugging Face Trainer builds the DataLoader from its TrainingArguments (the run's config holds them)."""
+    return (f" (the Trainer builds it: TrainingArguments(dataloader_num_workers={workers}, "
+            f"dataloader_persistent_workers=True, dataloader_prefetch_factor={LOADER_PREFETCH_FACTOR}), "
+            f"--dataloader_num_workers={workers} where the script parses them)")
+
+
+def fix_for(num_workers, hardware: Hardware, flags: str = "") -> str:
     if not num_workers:
         return (
-            "Prepare batches in background workers so they overlap compute: DataLoader(num_workers=4, "
-            f"pin_memory=True, persistent_workers=True, prefetch_factor=2){flags}; "
-            "tokenize and augment offline, not per step."
+            f"Prepare batches in background workers so they overlap compute: DataLoader("
+            f"{hardware.loader_arguments()}){flags}; tokenize and augment offline, not per step."
         )
     return (
         f"The {num_workers} loader workers do not keep up: make each batch cheaper (tokenize offline, "
@@ -45,22 +46,24 @@ def fix_for(num_workers, flags: str = "") -> str:
     )
 
 
-def fix_without_loader(site: str | None, on_gpu: bool) -> str:
+def fix_without_loader(site: str | None, hardware: Hardware) -> str:
     """For a loop that makes its own batches (nanoGPT's get_batch): the same overlap, in its terms."""
     where = f"{site} takes the time: " if site else ""
     device = (" Keep the batch in pinned memory (tensor.pin_memory()) and copy it with "
-              ".to(device, non_blocking=True) so the copy overlaps compute." if on_gpu else "")
+              ".to(device, non_blocking=True) so the copy overlaps compute." if hardware.pin_memory else "")
     return (
         f"{where}prepare the next batches while the step computes: in a background thread filling a "
         "queue.Queue a few batches ahead, or wrap the batch logic in a torch.utils.data.Dataset and iterate a "
-        "DataLoader(dataset, num_workers=..., pin_memory=True, persistent_workers=True); make each batch "
+        f"DataLoader(dataset, {hardware.loader_arguments()}); make each batch "
         f"cheaper (memory-map the data, tokenize offline).{device}"
     )
 
 
 def loader_arguments(ctx) -> str:
     """Where the loop's DataLoader is built from a Hugging Face Trainer's TrainingArguments, their names."""
-    return TRAINER_LOADER_ARGUMENTS if ctx.config_value("dataloader_num_workers") is not None else ""
+    if ctx.config_value("dataloader_num_workers") is None:
+        return ""
+    return trainer_loader_arguments(ctx.hardware.loader_workers)
 
 
 def num_workers(ctx):
@@ -92,12 +95,14 @@ def dataloader_bound(ctx):
     workers = num_workers(ctx)
     loader = ctx.loop("loader")
     site = ctx.top_site("data")
+    hardware = ctx.hardware
     if loader or workers is not None or ctx.bare_trace:  # a trace's data time is its DataLoader's
-        fix = fix_for(workers, ctx.workload_flags("--num-workers") or loader_arguments(ctx))
-        fix += PIN_MEMORY_FIX if ctx.on_gpu and loader.get("pin_memory") is False else ""
+        fix = fix_for(workers, hardware, ctx.workload_flags("--num-workers") or loader_arguments(ctx))
+        fix += PIN_MEMORY_FIX if hardware.pin_memory and loader.get("pin_memory") is False else ""
     else:
-        fix = fix_without_loader(site, ctx.on_gpu)
-    helpers = min(MAX_LOADER_WORKERS, ctx.host_cpu_count or MAX_LOADER_WORKERS) if not workers else None
+        fix = fix_without_loader(site, hardware)
+    # the estimate assumes the workers the fix names
+    helpers = hardware.loader_workers if not workers else None
     by_rank = rank_data_shares(ctx.summary.per_rank)
     uneven = one_rank_waits(by_rank)
     return Finding(
@@ -152,8 +157,9 @@ def hidden_by_workers_pct(data_share_pct: float, workers: int) -> float:
 
 
 def loader_workers_for_host() -> int:
-    """The workers the loader knob gives: one per CPU core this process may use, at most MAX_LOADER_WORKERS."""
-    return max(1, min(MAX_LOADER_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    """The workers the loader knob gives: those a fix advises for the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Hardware(cpu_count=cores or 1).loader_workers
 
 
 @knob("loader-workers", rule="dataloader-bound", train_flags=("--num-workers", "2"))

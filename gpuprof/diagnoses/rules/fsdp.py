@@ -83,10 +83,11 @@ def exposed_collectives(ctx):
         f"(rank {int(worst.name)})",
         evidence=evidence,
         fix=("Give each collective more compute to hide behind: a larger micro-batch or sequence per rank; "
-             "gather in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)) "
-             "to halve all-gather bytes; fewer, larger fully_shard units; reshard_after_forward=False where "
-             "memory allows (one all-gather per unit instead of two); under gradient accumulation "
-             "set_requires_gradient_sync(False) on all but the last micro-batch; if the model fits, DDP."),
+             f"gather in 16 bits (MixedPrecisionPolicy(param_dtype={ctx.hardware.half_dtype}, "
+             "reduce_dtype=torch.float32)) to halve all-gather bytes; fewer, larger fully_shard units; "
+             "reshard_after_forward=False where memory allows (one all-gather per unit instead of two); "
+             "under gradient accumulation set_requires_gradient_sync(False) on all but the last micro-batch; "
+             "if the model fits, DDP."),
         est_gain_pct=float(worst["exposed_pct"]),
     )
 

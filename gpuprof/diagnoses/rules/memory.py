@@ -41,6 +41,13 @@ def oom_count(ctx) -> int:
     return int(max(ooms, len(ctx.events_of(EventKind.OOM))))
 
 
+def half_activations(hardware) -> str:
+    """16-bit activations in the dtype the GPU has (fp16 needs a GradScaler)."""
+    if hardware.bf16 is False:
+        return "fp16 activations (autocast with a GradScaler)"
+    return "bf16 activations (autocast)"
+
+
 @rule("memory-near-limit", "memory", gpu_only=True)
 def memory_near_limit(ctx):
     usage = memory_fraction(ctx)
@@ -62,8 +69,10 @@ def memory_near_limit(ctx):
             "threshold_pct": 100 * NEAR_LIMIT_WARNING_FRACTION,
         },
         fix=(
-            "Trade a little speed for memory: activation checkpointing (--activation-checkpointing), "
-            "a smaller micro-batch with gradient accumulation (--grad-accum), bf16 activations."
+            "Trade a little speed for memory: activation checkpointing"
+            f"{ctx.workload_flags('--activation-checkpointing')}, a smaller micro-batch with gradient accumulation"
+            f"{ctx.workload_flags('--grad-accum')}, "
+            f"{half_activations(ctx.hardware)}."
         ),
     )
 

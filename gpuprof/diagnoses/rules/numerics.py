@@ -14,8 +14,9 @@ from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
 from gpuprof.numerics.blame import Blame
 from gpuprof.numerics.detectors import ScalerTimeline
+from gpuprof.numerics.evaluation import EVALUATION_TRIGGER
 from gpuprof.run import query as q
-from gpuprof.run.schema import BLAME_PHASES, EventKind, bundle_in_run
+from gpuprof.run.schema import BLAME_PHASES, EventKind, bundle_in_run, source_text
 
 NUMERICS_COLLECTOR = "numerics"
 SCALER_TROUBLE_KINDS = (EventKind.SCALER_PERSISTENT_OVERFLOW, EventKind.SCALER_SCALE_BELOW_ONE)
@@ -61,7 +62,7 @@ def nonfinite_values(ctx):
     return Finding(
         rule="nonfinite-values",
         severity="critical",
-        title=f"Non-finite loss or gradients from step {first_step}" + (_blame_text(blame, first_step) if blame else ""),
+        title=_title(blame, first_step, bad.empty) + (_blame_text(blame, first_step) if blame else ""),
         evidence={
             "first_nonfinite_step": first_step,
             "nonfinite_loss_steps": steps.loc[bad_loss, "step"].nunique(),
@@ -74,6 +75,13 @@ def nonfinite_values(ctx):
     )
 
 
+def _title(blame: dict | None, first_step: int, steps_finite: bool) -> str:
+    """What went non-finite: a training step's loss or gradients, or only an evaluation after its update."""
+    if steps_finite and blame and blame["details"].get("trigger") == EVALUATION_TRIGGER:
+        return f"Non-finite evaluation output after step {first_step}'s update (no training step after it)"
+    return f"Non-finite loss or gradients from step {first_step}"
+
+
 def _blame_text(blame: dict, first_step: int) -> str:
     """The blame after the title's "from step N": its step only where it is another one."""
     what = Blame.from_details({"rank": 0, "step": blame["step"], **blame["details"]}).what_and_where()
@@ -81,11 +89,17 @@ def _blame_text(blame: dict, first_step: int) -> str:
 
 
 def _replay_text(ctx, blame: dict | None) -> str:
-    """The command that re-runs the blamed step, with the bundle where the run keeps it."""
+    """The command that re-runs the blamed step, with the bundle where the run keeps it; none where this copy
+    of the run holds no bundle (copies leave them out: they hold the model and optimizer state)."""
     recorded = blame["details"].get("bundle") if blame else None
-    if not recorded:
+    if not recorded or not bundle_in_run(ctx.run.path, recorded).is_file():
         return ""
-    return f"Re-run the first bad step with `gpuprof replay {bundle_in_run(ctx.run.path, recorded)}`. "
+    here = str(bundle_in_run(ctx.run.path, recorded))
+    # what re-runs it, as training wrote it (numerics.investigation.replay_command), the bundle where it is now
+    command = (blame["details"].get("replay_with") or f"gpuprof replay {recorded}").replace(recorded, here)
+    if "\n" in command:  # the command line cannot rebuild this model: the Python that replays it
+        return f"Re-run the first bad step from Python (the command line cannot rebuild this model):\n{command}\n"
+    return f"Re-run the first bad step with `{command}`. "
 
 
 def _start_text(blame: dict | None) -> str:
@@ -95,7 +109,7 @@ def _start_text(blame: dict | None) -> str:
         return f"Start at `{details.get('tensor')}`: {BLAME_PHASES['state']}, so look at the update before it."
     where = [f"`{details[key]}`" for key in ("module", "op") if details.get(key)]
     if details.get("source"):
-        where.append(f"the line `{details['source']}`")
+        where.append(f"the line `{source_text(details['source'])}`")
     if not where:
         return "Start at the first non-finite step's inputs and the loss."
     return f"Start at {', '.join(where)} ({details.get('phase')} pass)."
@@ -109,6 +123,15 @@ def replay_scaler(steps: pd.DataFrame) -> list[dict]:
         if pd.notna(scale):
             events += timeline.observe(int(step), bool(was_skipped), float(scale))
     return events
+
+
+def scaler_fix(hardware) -> str:
+    """bf16 needs no scaler, but only a GPU from Ampere on has it: elsewhere the overflow itself is the fix."""
+    bf16 = {True: "use bf16 autocast (no scaler needed); otherwise ",
+            None: "use bf16 autocast (no scaler needed) on Ampere or newer; otherwise "}.get(hardware.bf16, "")
+    return (f"Gradients overflow fp16 again and again: {bf16}find the overflowing layer (see nonfinite-values), "
+            "lower the LR, clip gradients after scaler.unscale_(optimizer). A scale below 1 means the gradients "
+            "are non-finite even unscaled: a real NaN, not an fp16 range problem.")
 
 
 @rule("gradscaler-trouble", "numerics")
@@ -137,12 +160,7 @@ def gradscaler_trouble(ctx):
             "scaler_scale_last": float(scale.iloc[-1]),
             "scaler_scale_min": float(scale.min()),
         },
-        fix=(
-            "Gradients overflow fp16 again and again: use bf16 autocast (no scaler needed) on Ampere "
-            "or newer; otherwise find the overflowing layer (see nonfinite-values), lower the LR, clip "
-            "gradients after scaler.unscale_(optimizer). A scale below 1 means the gradients are "
-            "non-finite even unscaled: a real NaN, not an fp16 range problem."
-        ),
+        fix=scaler_fix(ctx.hardware),
         # Every skipped step after warm-up is a wasted step.
         est_gain_pct=100 * float(after_warmup.sum()) / len(skipped),
     )

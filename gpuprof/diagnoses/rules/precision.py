@@ -58,12 +58,19 @@ def fp32_matmul(ctx):
             "capability": device.get("capability"),
             "threshold_pct": TENSOR_CORE_MATMUL_MIN_PCT,
         },
-        fix=(
-            "Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (fp16 with a "
-            "GradScaler before Ampere), or at least torch.backends.cuda.matmul.allow_tf32 = True"
-            f"{ctx.workload_flags('--precision bf16 --tf32')}."
-        ),
+        fix=precision_fix(ctx),
     )
+
+
+def precision_fix(ctx) -> str:
+    """Mixed precision the GPU has: bf16, and TF32 for what stays fp32, from Ampere on; fp16 with a GradScaler
+    before (a V100 has neither bf16 nor TF32)."""
+    hardware = ctx.hardware
+    fix = f"Run forward and loss under {hardware.autocast}"
+    if hardware.bf16 is False:
+        return f"{fix}{ctx.workload_flags('--precision fp16')}: this GPU's tensor cores compute in fp16."
+    tf32 = "torch.backends.cuda.matmul.allow_tf32 = True" + (" (Ampere on)" if hardware.bf16 is None else "")
+    return f"{fix}, or at least {tf32}{ctx.workload_flags('--precision bf16 --tf32')}."
 
 
 @knob("bf16-autocast", rule="fp32-matmul", train_flags=("--precision", "bf16"))
