@@ -53,6 +53,8 @@ def test_model_generate_in_the_loop_is_evaluation_not_the_training_step(tmp_path
     assert {"role": "eval", "function": "AutoregressiveWrapper.generate"}.items() <= report.meta["phase_sources"][
         -1].items()
     verdict = report.verdict
-    assert verdict.bound != "host", verdict.why
+    # generation never decides the bound: a host share that held it would be most of a generating step, while the
+    # loop's own host work (its print of loss.item(), tqdm) may still bound a run on a loaded machine
+    assert verdict.bound != "host" or verdict.share_pct < report.summary.evaluation["share_pct"] / 2, verdict.why
     assert "Timed as evaluation: AutoregressiveWrapper.generate (autoregressive_wrapper.py:151)" in verdict.why
     assert report.summary.evaluation["steps_with_eval"] == len(generating & set(measured(report)["step"]))
