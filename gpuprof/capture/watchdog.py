@@ -239,7 +239,11 @@ class HangWatchdog:
         if self._group is not None:
             entries, completed = flight.read(str(torch.distributed.get_backend()))
             payload["flight_recorder"] = flight.recent(entries)
-            payload["collective"] = next(iter(flight.in_flight(entries, completed)), None)
+            in_flight = flight.in_flight(entries, completed)
+            # the one the main thread waits in; an earlier one may read not completed yet (a loaded host's recorder)
+            call = usercode.collective_call(usercode.main_thread_frames())
+            payload["collective"] = next((entry for entry in in_flight if entry["kind"] == call),
+                                         next(iter(in_flight), None))
         return payload
 
     def _report(self, beat: dict, requested: bool) -> None:
