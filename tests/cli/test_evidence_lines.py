@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from script_corpus import run_nanogpt
+from script_corpus import finished, run_nanogpt
 
 from gpuprof.cli import main
 from gpuprof.report import build_report
@@ -25,20 +25,15 @@ RAW_EVIDENCE = re.compile(r"\b[a-z]+(?:_[a-z0-9]+)+=")  # the old `key_name=valu
 @pytest.fixture(scope="module")
 def data_bound(tmp_path_factory):
     """nanoGPT whose get_batch waits GET_BATCH_DELAY_S on every call (its np.memmap slowed)."""
-    return recorded(run_nanogpt(tmp_path_factory.mktemp("slow"), max_iters=6,
-                                patches=[("phase_patches:slow_memmap", {"delay_s": GET_BATCH_DELAY_S})]))
+    return finished(run_nanogpt(tmp_path_factory.mktemp("slow"), max_iters=6,
+                                patches=[("phase_patches:slow_memmap", {"delay_s": GET_BATCH_DELAY_S})])).run_dir
 
 
 @pytest.fixture(scope="module")
 def nonfinite(tmp_path_factory):
     """nanoGPT whose first update runs at lr 1e30: every later step's loss is NaN."""
-    return recorded(run_nanogpt(tmp_path_factory.mktemp("nan"), max_iters=4,
-                                patches=[("corpus_patches:lr_spike", {"model": GPT, "at_call": 0, "lr": 1e30})]))
-
-
-def recorded(result):
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.run_dir
+    return finished(run_nanogpt(tmp_path_factory.mktemp("nan"), max_iters=4,
+                                patches=[("corpus_patches:lr_spike", {"model": GPT, "at_call": 0, "lr": 1e30})])).run_dir
 
 
 def analyze(run_dir, capsys, *flags: str) -> str:
@@ -68,11 +63,16 @@ def test_every_evidence_line_fits_a_terminal_and_json_keeps_every_key(run, reque
         finding.evidence.keys() for finding in findings]
 
 
+def evidence_of(category: str, run_dir, capsys):
+    """The run's one finding of `category`, and the evidence line `gpuprof analyze` printed for it."""
+    report = build_report(run_dir)
+    [finding] = report.findings_in(category)
+    return finding, evidence_lines(run_dir, capsys)[report.findings.index(finding)]
+
+
 @SLOW
 def test_a_data_bound_line_leads_with_the_data_share_and_times_in_their_units(data_bound, capsys):
-    report = build_report(data_bound)
-    [finding] = report.findings_in("input")
-    line = evidence_lines(data_bound, capsys)[report.findings.index(finding)]
+    finding, line = evidence_of("input", data_bound, capsys)
     share = finding.evidence["data_share_pct"]
     assert line.lstrip().startswith(f"evidence: data share: {share:.3g} %;"), line
     data_p50_ms = 1000 * finding.evidence["data_time_p50_s"]
@@ -81,9 +81,7 @@ def test_a_data_bound_line_leads_with_the_data_share_and_times_in_their_units(da
 
 @SLOW
 def test_the_nonfinite_line_names_the_first_bad_step_and_leaves_the_rest_to_json(nonfinite, capsys):
-    report = build_report(nonfinite)
-    [finding] = report.findings_in("numerics")
-    line = evidence_lines(nonfinite, capsys)[report.findings.index(finding)]
+    finding, line = evidence_of("numerics", nonfinite, capsys)
     first = finding.evidence["first_nonfinite_step"]
     assert first == 1 and f"first nonfinite step: {first}" in line, line
     left = len(finding.evidence) - line.count(";") - 1

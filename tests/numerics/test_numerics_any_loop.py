@@ -68,6 +68,16 @@ def nanogpt_loop(run_dir, *, steps: int, precision: str = "fp32", accumulation: 
     return losses
 
 
+def zero_weight_loss(model, bad_step: int):
+    """`loss_at(step)` for plain_loop: a class-weighted cross entropy of an 8 -> 4 model, every class weighted 0 at
+    `bad_step` (a weighted mean over zero weight: 0/0, NaN in the loss op itself)."""
+    def loss_at(step):
+        weights = torch.zeros(4) if step == bad_step else torch.ones(4)
+        return F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 4, (4,)), weight=weights)
+
+    return loss_at
+
+
 def plain_loop(run_dir, model, steps: int, loss_at) -> None:
     """The plainest loop: `loss_at(step)` computes the step's loss the user's way; SGD steps on it."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -320,12 +330,8 @@ def test_a_model_gpuprof_cannot_build_replays_from_python_with_its_recorded_loss
 
     model = mlp()
 
-    def loss_at(step):
-        weights = torch.zeros(4) if step == 2 else torch.ones(4)  # a weighted mean over zero weight: 0/0
-        return F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 4, (4,)), weight=weights)
-
     run_dir = tmp_path / "run"
-    plain_loop(run_dir, model, 3, loss_at)
+    plain_loop(run_dir, model, 3, zero_weight_loss(model, bad_step=2))
     [event] = events(run_dir, "nonfinite")
     assert (event["step"], event["phase"], event["op"]) == (2, "loss", "aten::nll_loss_forward")
 

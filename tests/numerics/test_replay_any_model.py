@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from corpus_build_nanogpt import OFFLINE, grad_accum_steps, run_build_nanogpt
 from numerics_helpers import events
 from script_corpus import nonfinite_event, run_nanogpt
-from test_numerics_any_loop import plain_loop
+from test_numerics_any_loop import plain_loop, zero_weight_loss
 
 import gpuprof
 from gpuprof.report import build_report
@@ -74,12 +73,8 @@ def test_a_model_built_before_gpuprof_ran_replays_with_the_python_it_prints(tmp_
     the same; run as printed, it names the same blame."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
 
-    def loss_at(step):
-        weights = torch.zeros(4) if step == 2 else torch.ones(4)  # a weighted mean over zero weight: 0/0
-        return F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 4, (4,)), weight=weights)
-
     run_dir = tmp_path / "run"
-    plain_loop(run_dir, model, 3, loss_at)
+    plain_loop(run_dir, model, 3, zero_weight_loss(model, bad_step=2))
     [event] = events(run_dir, "nonfinite")
     snippet = event["replay_with"]
     assert snippet.startswith(f"{sys.executable} - <<'EOF'\n")  # the Python that trained
