@@ -1,7 +1,7 @@
 """Where the training thread's time goes in the user's own code: its Python stack, sampled at a low rate.
 
 Every `interval_s` (STACK_INTERVAL_S by default) the system sampler's thread reads the training
-thread's current frame (`sys._current_frames()`) and writes one `stacks` row: the step, the phase
+thread's stack (gpuprof.capture.usercode.thread_user_frames, in one call that holds the GIL) and writes one `stacks` row: the step, the phase
 the step is in at that moment (an explicit `prof.phase()` first, else the automatic phases' state),
 and the innermost frame of the user's code (gpuprof.capture.usercode) with the line it runs and
 the line of the loop that led there. A sample taken between the model calls of an evaluation the
@@ -14,11 +14,10 @@ measured by `benchmarks/overhead.py --components stacks`.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
-from gpuprof.capture.usercode import function_site, user_frames
+from gpuprof.capture.usercode import code_key, function_site, thread_user_frames
 
 # 20 samples a second: a few per step of a small model, a few hundred per minute of any run.
 STACK_INTERVAL_S = 0.05
@@ -54,10 +53,9 @@ class StackSampler:
     def sample(self) -> None:
         """One row, from the sampler's thread. With no user frame on the stack (the thread in a library's own
         loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'."""
-        frame = sys._current_frames().get(self._thread_id)
-        if frame is None or self._prof.bookkeeping:
+        frames = None if self._prof.bookkeeping else thread_user_frames(self._thread_id)
+        if frames is None:
             return
-        frames = user_frames(frame)
         prof, explicit, hooks = self._prof, self._explicit, self._prof.phase_hooks
         row = {"time_unix_s": time.time(), "rank": prof.ranks.rank, "step": prof.step_index,
                "phase": explicit[-1] if explicit else hooks.current_phase}
@@ -99,7 +97,8 @@ def _entry_and_loop(frames: list, loop_codes) -> tuple:
     """The frame a sample is named by, and the loop's frame: the innermost frame running the code that calls
     the model in training (the loop), and the user function it called (`get_batch`), or the loop itself at its
     line. Before the loop is known, the innermost and outermost user frames."""
-    at = next((index for index, frame in enumerate(frames) if frame.f_code in loop_codes), None) if loop_codes else None
+    loop_keys = {code_key(code) for code in loop_codes or ()}
+    at = next((index for index, frame in enumerate(frames) if code_key(frame.f_code) in loop_keys), None)
     if at is None:
         return frames[0], frames[-1]
     return frames[max(at - 1, 0)], frames[at]

@@ -13,14 +13,18 @@ and what it calls ("read_next_shard (train.py:31): time.sleep(3600)").
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import linecache
 import os
+import re
 import sys
 import sysconfig
-import traceback
+import tempfile
 import threading
+import traceback
 from types import CodeType, FrameType
+from typing import Any, NamedTuple
 
 import torch
 
@@ -80,14 +84,100 @@ def function_site(frame: FrameType, by_line: bool = False) -> tuple[str, str, in
     return name, code.co_filename, code.co_firstlineno
 
 
-def frame_list(frame) -> list[dict]:
-    frames = []
-    while frame is not None and len(frames) < FRAMES_KEPT:
-        code, line = frame.f_code, frame.f_lineno  # None while a frame runs an instruction of no line
-        frames.append({"file": code.co_filename, "line": line, "function": code.co_name,
-                       "code": linecache.getline(code.co_filename, line).strip() if line is not None else ""})
-        frame = frame.f_back
-    return frames[::-1]
+class ReadFrame(NamedTuple):
+    """A frame of another thread's stack as `thread_user_frames` reads it: its code, compiled again from its file
+    (the running code's names and lines), or a `NamedCode` where its source cannot be compiled; and its line."""
+    f_code: Any
+    f_lineno: int | None
+
+
+class NamedCode(NamedTuple):
+    co_filename: str
+    co_name: str
+    co_qualname: str
+    co_firstlineno: int
+
+
+_DUMP_LINE = re.compile(r'^(?:Current thread|Thread) (0x[0-9a-f]+)|^  File "(.*)", line (\d+|\?\?\?) in (.*)$', re.M)
+
+
+def _dumped_stacks() -> dict[int, list[tuple[str, int | None, str]]]:
+    """Every thread's Python stack, innermost first, as (file, line, function): read by faulthandler in one call
+    that holds the GIL and makes no frame object. Walking another thread's frames with `f_back` lets that thread
+    run between two reads, and on CPython 3.11 a frame object it leaves behind can point at freed memory: the
+    stack sampler took a training process down that way on a loaded machine (SIGSEGV in `f_back`)."""
+    with _dump_file() as dump:
+        faulthandler.dump_traceback(dump, all_threads=True)
+        text = os.pread(dump.fileno(), dump.tell(), 0).decode("utf-8", "backslashreplace")
+    stacks, frames = {}, None
+    for ident, filename, line, function in _DUMP_LINE.findall(text):
+        if ident:
+            frames = stacks.setdefault(int(ident, 16), [])
+        elif frames is not None:
+            frames.append((filename, int(line) if line.isdigit() else None, function))
+    return stacks
+
+
+def _dump_file():
+    """A file to read a dump back from, in memory where the OS offers one."""
+    if hasattr(os, "memfd_create"):
+        return open(os.memfd_create("gpuprof-stacks"), "rb+", buffering=0)
+    return tempfile.TemporaryFile(buffering=0)
+
+
+def thread_user_frames(ident: int, limit: int = MAX_USER_FRAMES) -> list[ReadFrame] | None:
+    """The user frames of thread `ident`'s stack, innermost first, at most `limit`, read from another thread; None
+    while it runs no Python."""
+    stack = _dumped_stacks().get(ident)
+    if not stack:
+        return None
+    found = []
+    for filename, line, function in stack:
+        if len(found) == limit:
+            break
+        if is_user_file(filename):
+            found.append(ReadFrame(code_at(filename, function, line), line))
+    return found
+
+
+@functools.lru_cache(maxsize=4096)
+def code_at(filename: str, function: str, line: int | None) -> Any:
+    """The code of `filename` named `function` that runs `line`, the innermost holding it; a NamedCode by the
+    line where there is none."""
+    if line is not None:
+        holding = [code for code, lines in _compiled_codes(filename) if code.co_name == function and line in lines]
+        if holding:
+            return min(holding, key=lambda code: len(_code_lines(code)))
+    return NamedCode(filename, function, function, line or 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_codes(filename: str) -> tuple[tuple[CodeType, frozenset[int]], ...]:
+    """Every code object of a source file, with its lines; none where it cannot be read or compiled."""
+    try:
+        pending = [compile("".join(linecache.getlines(filename)), filename, "exec", dont_inherit=True)]
+    except (SyntaxError, ValueError):
+        return ()
+    codes = []
+    while pending:
+        code = pending.pop()
+        codes.append((code, _code_lines(code)))
+        pending.extend(constant for constant in code.co_consts if isinstance(constant, CodeType))
+    return tuple(codes)
+
+
+def _code_lines(code: CodeType) -> frozenset[int]:
+    return frozenset(line for _, _, line in code.co_lines() if line is not None)
+
+
+def code_key(code: Any) -> tuple[str, str, int]:
+    """What names a code object across its compilations: its file, qualified name and first line."""
+    return code.co_filename, getattr(code, "co_qualname", code.co_name), code.co_firstlineno
+
+
+def _frame_dict(filename: str, line: int | None, function: str) -> dict:
+    return {"file": filename, "line": line, "function": function,
+            "code": linecache.getline(filename, line).strip() if line is not None else ""}
 
 
 def thread_stacks() -> list[dict]:
@@ -95,16 +185,20 @@ def thread_stacks() -> list[dict]:
     threads = {thread.ident: thread for thread in threading.enumerate()}
     main_ident = threading.main_thread().ident
     stacks = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frames in _dumped_stacks().items():
         thread = threads.get(ident)
         stacks.append({"thread": thread.name if thread else str(ident), "main": ident == main_ident,
-                       "daemon": bool(thread and thread.daemon), "frames": frame_list(frame)})
+                       "daemon": bool(thread and thread.daemon), "frames": _outermost_first(frames)})
     return sorted(stacks, key=lambda stack: not stack["main"])
 
 
 def main_thread_frames() -> list[dict]:
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    return frame_list(frame) if frame is not None else []
+    return _outermost_first(_dumped_stacks().get(threading.main_thread().ident, []))
+
+
+def _outermost_first(frames: list[tuple[str, int | None, str]]) -> list[dict]:
+    """A stack as the watchdog keeps it: its FRAMES_KEPT innermost frames, outermost first."""
+    return [_frame_dict(*frame) for frame in frames[:FRAMES_KEPT]][::-1]
 
 
 def where(frames: list[dict]) -> str | None:

@@ -17,8 +17,8 @@ from gpuprof.report import gate
 from gpuprof.report.build import Report
 from gpuprof.report.contract import (HOST_LOAD, TERMS, Difference, busier, differences, host_load_caution,
                                      host_load_difference)
-from gpuprof.report.format import MISSING, ci_text, figure_text, fmt_interval, fmt_ratio_interval
-from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate
+from gpuprof.report.format import MISSING, figure_text, fmt_interval
+from gpuprof.report.gate import DEFAULT_MAX_REGRESSION_PCT, POOLINGS, Gate, speed_text
 from gpuprof.run.jsonable import json_safe
 from gpuprof.run.schema import SPLIT_PHASES
 
@@ -344,17 +344,6 @@ def side_ref(side_: Side) -> dict:
             "runs": [r.summary.path for r in side_.reports], "pooling": side_.pooling,
             "measured_steps": side_.n_steps,
             "block_steps": side_.resampled.block_steps if side_.resampled else None}
-
-
-def speed_text(slowdown) -> str:
-    """"B is 1.42× faster (95 % CI 1.31–1.55×)" from B's step time over A's."""
-    if not isinstance(slowdown, stats.Interval):
-        return "speed not compared (too few measured steps to tell the noise)"
-    if slowdown.contains(1.0):
-        return f"B and A run at the same speed within the noise (B/A step time {fmt_ratio_interval(slowdown)})"
-    faster = slowdown.high < 1
-    ratio = slowdown.inverted() if faster else slowdown
-    return f"B is {figure_text(ratio.point, '×')} {'faster' if faster else 'slower'} ({ci_text(ratio, '×')})"
 
 
 def compare(report_a: Report | list[Report], report_b: Report, *, pooling: str = "pooled",

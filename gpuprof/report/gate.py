@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from gpuprof.errors import GpuprofError
-from gpuprof.report.format import fmt_ratio_interval
+from gpuprof.report.format import ci_text, figure_text, fmt_ratio_interval
 
 DEFAULT_MAX_REGRESSION_PCT = 5.0
 # How a baseline of several runs stands as A: their steps pooled, or the run of median mean step time.
@@ -41,7 +41,6 @@ def decide(comparison, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -
     Where the hosts' load differed, never a pass, and a regression only where B's host took no more from its loop
     than A's did (`Comparison.b_host_no_busier`): else too noisy (5), saying so."""
     from gpuprof.analysis.run import stats
-    from gpuprof.report.comparison import speed_text
     from gpuprof.report.contract import host_load_caution
 
     if not math.isfinite(max_regression_pct) or max_regression_pct < 0:
@@ -75,3 +74,16 @@ def decide(comparison, max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT) -
             else "B's slowdown sits on the threshold: no number of steps would tell")
     return Gate(Exit.TOO_NOISY, "too noisy",
                 f"B/A step time {fmt_ratio_interval(slowdown)} straddles {limit}; {more}", needed)
+
+
+def speed_text(slowdown) -> str:
+    """"B is 1.42× faster (95 % CI 1.31–1.55×)" from B's step time over A's."""
+    from gpuprof.analysis.run import stats
+
+    if not isinstance(slowdown, stats.Interval):
+        return "speed not compared (too few measured steps to tell the noise)"
+    if slowdown.contains(1.0):
+        return f"B and A run at the same speed within the noise (B/A step time {fmt_ratio_interval(slowdown)})"
+    faster = slowdown.high < 1
+    ratio = slowdown.inverted() if faster else slowdown
+    return f"B is {figure_text(ratio.point, '×')} {'faster' if faster else 'slower'} ({ci_text(ratio, '×')})"
