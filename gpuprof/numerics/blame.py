@@ -25,7 +25,8 @@ class Blame:
     shape: list[int] | None = None
     nonfinite_count: int | None = None
     input_absmax: float | None = None
-    source: str | None = None  # "path.py:123 in function: code"
+    source: str | None = None  # "path.py:123 in function: code", the user's line
+    library_source: str | None = None  # an installed library's line that ran the op, behind `source`
     micro_batch: int | None = None
     tensor: str | None = None  # the parameter / optimizer-state entry, for phase state/optimizer
     # what the always-on flags saw: "loss", "backward_loss" (a loss backward() ran on that the loop did not
@@ -86,7 +87,7 @@ def format_blame(blame: Blame) -> str:
             ("op", blame.op), ("first", blame.first), ("tensor", blame.tensor),
             ("dtype", blame.dtype), ("shape", blame.shape), ("non-finite", blame.nonfinite_count),
             ("input abs-max", _number(blame.input_absmax)), ("micro-batch", blame.micro_batch),
-            ("source", blame.source), ("kept state", blame.kept_state)]
+            ("source", blame.source), ("in a library", blame.library_source), ("kept state", blame.kept_state)]
     lines = [f"non-finite value at step {blame.step}" if blame.reproduced else blame.message()]
     lines += [f"  {name:<14}{value}" for name, value in rows if value is not None]
     if blame.cause:

@@ -113,7 +113,7 @@ def _run(model, optimizer, scaler, loss_fn, micro_batches, inputs, watch: OpWatc
     for index, batch in enumerate(micro_batches):
         watch.micro_batch, watch.phase = index, "forward"
         with watch, owners, autocast_as(inputs.autocast):
-            loss = replay_loss(model, batch, watch.note_loss_call) if isinstance(batch, MicroBatch) \
+            loss = replay_loss(model, batch, watch.note_call) if isinstance(batch, MicroBatch) \
                 else loss_fn(model, batch)
         watch.end_forward()
         watch.phase = "backward"

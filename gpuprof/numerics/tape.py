@@ -53,8 +53,10 @@ FORWARD_ARGS, FORWARD_KWARGS = "gpuprof_forward_args", "gpuprof_forward_kwargs"
 
 
 def forward_call(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """A model call recorded during training, as a plain dict (bundles hold plain values only)."""
-    return {FORWARD_ARGS: list(args), FORWARD_KWARGS: dict(kwargs), "autocast": autocast_now()}
+    """A model call recorded during training, as a plain dict (bundles hold plain values only), with the user's
+    frame that made it: the re-run calls the model from inside prof.step(), where no line of the user's is on the
+    stack."""
+    return {FORWARD_ARGS: list(args), FORWARD_KWARGS: dict(kwargs), "autocast": autocast_now(), "where": user_frame()}
 
 
 class Output(NamedTuple):
@@ -553,11 +555,11 @@ def _leaves_of(items) -> list[torch.Tensor]:
 
 # ---------------------------------------------------------------------- replay
 def replay_loss(model: torch.nn.Module, micro: MicroBatch,
-                on_loss_call: Callable[[LossCall | None], None] = lambda call: None) -> torch.Tensor:
+                on_call: Callable[[str | None, bool], None] = lambda source, model_call: None) -> torch.Tensor:
     """Runs one recorded micro-batch on `model`; returns the tensor backward() was called on (unscaled).
 
-    `on_loss_call` is told each loss call before it runs (None for a forward call), so that
-    forensics can name the user's source line rather than this function's.
+    `on_call` is told the user's source line of each call before it runs again (None where none was recorded) and
+    whether it calls the model, so that forensics can name it rather than this function's or a library's.
     """
     params = dict(model.named_parameters())
     results: dict[int, list] = {}  # item index -> its flattened outputs
@@ -573,11 +575,11 @@ def replay_loss(model: torch.nn.Module, micro: MicroBatch,
 
     for index, item in enumerate(micro.items):
         if isinstance(item, LossCall):
-            on_loss_call(item)
+            on_call(item.source, False)
             with autocast_as(item.autocast):
                 out = item.func(*_map(item.args, REFERENCES, resolve), **_map(item.kwargs, REFERENCES, resolve))
         else:
-            on_loss_call(None)
+            on_call(format_frame(item.get("where")), True)
             with autocast_as(item.get("autocast")):
                 out = model(*item[FORWARD_ARGS], **item[FORWARD_KWARGS])
         results[index] = leaves(out)

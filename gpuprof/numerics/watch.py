@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from gpuprof import module_hooks
+from gpuprof.run.schema import INSTALLED_PACKAGES
 from gpuprof.torch_compat import missing_base, private, tree_flatten
 
 GPUPROF_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
@@ -33,13 +34,9 @@ TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _LIBRARY_DIRS = (TORCH_DIR, *(os.path.join(GPUPROF_DIR, part) + os.sep for part in ("numerics", "capture")))
 
 
-def caller_line() -> str | None:
-    """The innermost frame outside torch and gpuprof's capture and numerics, as `file:line in function: code`."""
-    return format_frame(user_frame())
-
-
 def user_frame() -> tuple[str, int, str] | None:
-    """(file, line, function) of that frame; cheap enough for the training loop (no source read)."""
+    """(file, line, function) of the innermost calling frame outside torch and gpuprof's capture and numerics;
+    cheap enough for the training loop (no source read)."""
     frame = outside(_LIBRARY_DIRS)
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name) if frame is not None else None
 
@@ -55,6 +52,29 @@ def outside(library_dirs: tuple[str, ...]):
     return None
 
 
+def op_sources() -> tuple[str | None, str | None]:
+    """Where the op being watched ran, as `format_frame` writes lines: the user's innermost line on its stack, and an
+    installed library's line that ran it before that. The user's is None where gpuprof's own frame comes first (a
+    re-run calling the model, all of it torch's or a library's)."""
+    library = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_LIBRARY_DIRS):
+            if not filename.startswith(TORCH_DIR) and filename != __file__:
+                return None, library
+        elif INSTALLED_PACKAGES.match(filename):
+            library = library or _frame_line(frame)
+        elif not filename.startswith("<"):
+            return _frame_line(frame), library
+        frame = frame.f_back
+    return None, library
+
+
+def _frame_line(frame) -> str | None:
+    return format_frame((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+
+
 def format_frame(where: tuple[str, int, str] | None) -> str | None:
     if where is None:
         return None
@@ -68,6 +88,7 @@ class ModuleTracker:
     def __init__(self, model: torch.nn.Module):
         self.stack: list[str] = []
         self.source_hint: str | None = None  # the user's line of a recorded loss call being replayed
+        self.model_call: str | None = None  # the user's line of a recorded model call being replayed
         self.entries = 0
         self.in_model = False  # inside the model's own call (the root's), where `stack` may still be empty
         self.model_entries = 0  # `entries` when the model's current call began
@@ -95,6 +116,16 @@ class ModuleTracker:
     def current(self) -> str | None:
         return self.stack[-1] if self.stack else None
 
+    def owner(self) -> tuple[str | None, str | None, str | None]:
+        """The op running now: its module, the user's line to start at, and an installed library's line that ran
+        it behind that. A re-run loss call's line is the user's; else the user's innermost line on the op's stack,
+        and where there is none (a re-run model call), the line that called the model in training."""
+        if self.source_hint is not None:
+            return self.current, self.source_hint, None
+        user, library = op_sources()
+        source = user or self.model_call or library
+        return self.current, source, library if library != source else None
+
     def _enter(self, name: str, _module, _args) -> None:
         self.stack.append(name)
         self.entries += 1
@@ -114,7 +145,7 @@ class NodeOwners(TorchFunctionMode):
     def __init__(self, tracker: ModuleTracker):
         super().__init__()
         self.tracker = tracker
-        self.owner: dict[Any, tuple[str | None, str | None]] = {}
+        self.owner: dict[Any, tuple[str | None, str | None, str | None]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -122,7 +153,7 @@ class NodeOwners(TorchFunctionMode):
             owner = None
             for value in tree_flatten(out)[0]:
                 if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                    owner = owner or (self.tracker.current, self.tracker.source_hint or caller_line())
+                    owner = owner or self.tracker.owner()
                     self._claim(value.grad_fn, owner)
         return out
 
@@ -165,9 +196,9 @@ class OpWatch(private(_DISPATCH_MODE, missing_base(_DISPATCH_MODE))):
         self.found_before_any_module = False  # in the model's own forward, before any of its modules
         self._intentional: dict[int, torch.Tensor] = {}
 
-    def note_loss_call(self, call) -> None:
-        """A recorded loss call is about to run again (None: a model call): its source line is the user's."""
-        self.tracker.source_hint = call.source if call is not None else None
+    def note_call(self, source: str | None, model_call: bool) -> None:
+        """A recorded call is about to run again: the user's line that made it, where it was recorded."""
+        self.tracker.source_hint, self.tracker.model_call = (None, source) if model_call else (source, None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -201,7 +232,7 @@ class OpWatch(private(_DISPATCH_MODE, missing_base(_DISPATCH_MODE))):
         return carried_nan or not any(bool(torch.isnan(t).any()) for t in bad)
 
     def _record(self, func, inputs: list, tensor: torch.Tensor) -> None:
-        module, source = self._attribution()
+        module, source, library_source = self._attribution()
         float_inputs = [t for t in inputs if _floating(t) and t.numel()]
         name = self.name_of(tensor)
         self.found = {
@@ -210,7 +241,7 @@ class OpWatch(private(_DISPATCH_MODE, missing_base(_DISPATCH_MODE))):
             "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
             "nonfinite_count": int((~torch.isfinite(tensor)).sum()),
             "input_absmax": max((float(t.detach().abs().max()) for t in float_inputs), default=None),
-            "source": source, "micro_batch": self.micro_batch, "tensor": name,
+            "source": source, "library_source": library_source, "micro_batch": self.micro_batch, "tensor": name,
         }
         if self.phase == "optimizer" and name is not None:
             from gpuprof.numerics.state import owning_module
@@ -219,11 +250,11 @@ class OpWatch(private(_DISPATCH_MODE, missing_base(_DISPATCH_MODE))):
         self.entries_at_found = self.tracker.entries
         self.found_before_any_module = self.tracker.in_model_before_any_module
 
-    def _attribution(self) -> tuple[str | None, str | None]:
+    def _attribution(self) -> tuple[str | None, str | None, str | None]:
         if self.phase == "backward":
             node = private("torch._C._current_autograd_node", lambda: None)()
-            return self.owners.owner.get(node, (None, None))
-        return self.tracker.current, self.tracker.source_hint or caller_line()
+            return self.owners.owner.get(node, (None, None, None))
+        return self.tracker.owner()
 
     def end_forward(self) -> None:
         """Ops outside every module after the model's last module ran are the loss computation; not those of a

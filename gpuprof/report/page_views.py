@@ -75,12 +75,14 @@ def magnitude_text(value) -> str:
 
 
 def source_rows(details: dict) -> list[tuple[str, str]]:
-    """The line to start at, the user's own; an installed library's, labelled so, where that is all the blame
-    recorded (a model's forward re-run from inside prof.step(): no line of the user's is on the stack)."""
-    source = details.get("source")
+    """The line to start at, the user's own, with the installed library's line that ran the op behind it; a
+    library's alone, labelled so, where that is all the blame recorded (a run recorded before model calls kept
+    their caller's line)."""
+    source, behind = details.get("source"), details.get("library_source")
     if not source:
         return []
-    return [("source (a library's)" if in_installed_package(source) else "start at", source_text(source))]
+    rows = [("source (a library's)" if in_installed_package(source) else "start at", source_text(source))]
+    return rows + ([("in the library", source_text(behind))] if behind else [])
 
 
 def blame_rows(step, rank, details: dict) -> list[tuple[str, str]]:

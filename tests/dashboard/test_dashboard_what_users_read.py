@@ -231,7 +231,7 @@ def hover_values(page, chart: int) -> list[str]:
 def test_the_nan_page_says_the_blame_once_in_readable_words(page, root):
     report = build_report(root / "overflow")
     event = report.blames.iloc[0]
-    assert event["details"]["op"] == "aten::pow" and "site-packages" in event["details"]["source"]
+    assert event["details"]["op"] == "aten::pow" and "site-packages" in event["details"]["library_source"]
     state = open_page(page, "Numerics", ("overflow",), charts=1, texts=("Where a value first went non-finite",))
     text = state["text"]
     blame = event["message"].removeprefix(f"step {event['step']}: ").split(";")[0]
@@ -241,14 +241,12 @@ def test_the_nan_page_says_the_blame_once_in_readable_words(page, root):
     assert "site-packages" not in text and "transformers/activations.py:" in text  # a library's file, by its package
 
 
-@pytest.mark.xfail(strict=True, reason="the forensic re-run replays the model's recorded forward calls from inside "
-                   "prof.step(), so its stack holds no line of the user's that called the model, and the blame's "
-                   "source is the innermost frame outside torch and gpuprof: a transformers file. The user's line "
-                   "of each model call would have to be recorded in training (numerics/tape.forward_call keeps "
-                   "none) and kept beside the library's frame in the blame")
-def test_the_nan_page_starts_at_the_users_own_line(page):
+def test_the_nan_page_starts_at_the_users_own_line_with_the_librarys_behind_it(page):
+    """The forensic re-run calls the model from inside prof.step(): the line that called it in training is the
+    one recorded with the call."""
     text = open_page(page, "Numerics", ("overflow",), charts=1, texts=("Where a value first went non-finite",))["text"]
     assert re.search(r"start at\s+gpt2_runs\.py:\d+ in record: loss = model\(", text)
+    assert re.search(r"in the library\s+transformers/activations\.py:\d+ in forward", text)
 
 
 def test_a_sample_run_never_offers_a_bundle_it_does_not_ship_and_memory_says_where_snapshots_come_from(page, root):

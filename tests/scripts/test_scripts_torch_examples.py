@@ -207,11 +207,9 @@ def test_ddp_tutorial_nan_in_a_batch_of_rank_1_is_blamed_at_its_step_pass_and_op
     assert verdict.bound == "numerics" and verdict.share_pct == pytest.approx(100 * steps_bad / DDP_STEPS), verdict.why
 
 
-@pytest.mark.xfail(strict=True, reason="the blame's source line is gpuprof's own (gpuprof/integrations/script.py "
-                   "_end_step: self.prof.step(loss=...)): the forensic re-run calls the model from gpuprof, a model "
-                   "all torch code (an nn.Linear) puts no frame of the script on the stack, and the tape does not "
-                   "record the line of the model call (`output = self.model(source)`), only loss calls' lines")
 def test_ddp_tutorial_nan_blame_names_the_script_s_line_of_the_model_call(ddp_nan):
+    """A model that is all torch code (an nn.Linear) puts no frame of the script on the re-run's stack: the line
+    recorded with the model call in training is the one to start at."""
     [event] = [event for event in _parquet_events(ddp_nan, "nonfinite") if event["rank"] == 1]
     assert "output = self.model(source)" in event["source"]
 

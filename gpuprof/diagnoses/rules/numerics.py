@@ -109,7 +109,8 @@ def _start_text(blame: dict | None) -> str:
         return f"Start at `{details.get('tensor')}`: {BLAME_PHASES['state']}, so look at the update before it."
     where = [f"`{details[key]}`" for key in ("module", "op") if details.get(key)]
     if details.get("source"):
-        where.append(f"the line `{source_text(details['source'])}`")
+        behind = f" (in `{source_text(details['library_source'])}`)" if details.get("library_source") else ""
+        where.append(f"the line `{source_text(details['source'])}`{behind}")
     if not where:
         return "Start at the first non-finite step's inputs and the loss."
     return f"Start at {', '.join(where)} ({details.get('phase')} pass)."
