@@ -53,7 +53,7 @@ from gpuprof.capture.producers import (Drawn, Found, Span, Wrapped, call_stack, 
 from gpuprof.capture.timing import PhaseTimes
 from gpuprof.capture.usercode import user_frames
 from gpuprof.optimizers import has_step_hooks
-from gpuprof.run.schema import EventKind
+from gpuprof.run.schema import MODEL_PHASES, EventKind
 
 logger = logging.getLogger("gpuprof")
 
@@ -98,7 +98,7 @@ class PhaseHooks:
 
     def _hook_model(self, prof) -> tuple[tuple[str, ...], str] | None:
         """None once hooked (or no model given), else the phases lost and why."""
-        phases = ("data", "forward", "backward")
+        phases = MODEL_PHASES
         if not isinstance(self._model, torch.nn.Module):
             return None if self._model is None else (phases, f"the model is a {type(self._model).__name__}, "
                                                                "not a torch.nn.Module")

@@ -52,26 +52,35 @@ class StackSampler:
 
     def sample(self) -> None:
         """One row, from the sampler's thread. With no user frame on the stack (the thread in a library's own
-        loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'."""
-        frames = None if self._prof.bookkeeping else thread_user_frames(self._thread_id)
-        if frames is None:
+        loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'. A stack
+        read while the training thread moved on (another step, phase or evaluation call, gpuprof's own step-end
+        work) is dropped: its phase would be another moment's."""
+        moment = self._moment()
+        frames = thread_user_frames(self._thread_id)
+        if frames is None or moment[0] or self._moment() != moment:
             return
-        prof, explicit, hooks = self._prof, self._explicit, self._prof.phase_hooks
-        row = {"time_unix_s": time.time(), "rank": prof.ranks.rank, "step": prof.step_index,
-               "phase": explicit[-1] if explicit else hooks.current_phase}
+        _, step, phase, window, between = moment
+        prof, hooks = self._prof, self._prof.phase_hooks
+        row = {"time_unix_s": time.time(), "rank": prof.ranks.rank, "step": step, "phase": phase}
         if frames:
-            entry, loop = _entry_and_loop(frames, prof.phase_hooks.loop_codes)
+            entry, loop = _entry_and_loop(frames, hooks.loop_codes)
             function, filename, line = function_site(entry, by_line=entry is loop)
             inner = function_site(frames[0])
             row.update(function=function, file=filename, line=line, running_line=entry.f_lineno,
                        inner_function=inner[0], inner_file=inner[1], inner_line=inner[2],
                        loop_file=loop.f_code.co_filename, loop_line=loop.f_lineno)
-        window = hooks.evaluation_window  # read once: the training thread may close it meanwhile
         self._settle(window)
-        if not explicit and window is not None and hooks.between_evaluation_calls:
+        if not self._explicit and window is not None and between:
             self._unsettled.append((time.perf_counter(), window, row))
         else:
             prof.writer.write("stacks", [row])
+
+    def _moment(self) -> tuple:
+        """Where the training thread is, as the row says it: gpuprof at its own work, the step, the phase, the
+        evaluation window open and whether it is between that window's calls."""
+        prof, explicit, hooks = self._prof, self._explicit, self._prof.phase_hooks
+        return (prof.bookkeeping, prof.step_index, explicit[-1] if explicit else hooks.current_phase,
+                hooks.evaluation_window, hooks.between_evaluation_calls)
 
     def flush(self) -> None:
         """Once sampling has stopped: the samples left unsettled were taken after their window's last call."""

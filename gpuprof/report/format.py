@@ -31,10 +31,6 @@ def fmt_ms(value_s) -> str:
     return fmt(value_s * 1e3 if known(value_s) else None, "{:,.1f} ms")
 
 
-def fmt_gib(value_bytes) -> str:
-    return fmt(value_bytes / GIB if known(value_bytes) else None, "{:.2f} GiB")
-
-
 def fmt_pct(fraction) -> str:
     """A fraction 0-1 (MFU) as a percentage."""
     return fmt(fraction * 100 if known(fraction) else None, "{:.1f} %")
@@ -296,6 +292,6 @@ def headline_figures(summary) -> dict[str, str]:
         "Step time p50": fmt_ms(summary.step_time_p50_s),
         "Tokens/s": fmt(summary.tokens_per_s, "{:,.0f}"),
         "MFU": fmt_pct(summary.mfu),
-        "Peak memory": fmt_gib(summary.peak_memory_bytes),
+        "Peak memory": figure(summary.peak_memory_bytes, "bytes"),
         "GPU utilization": fmt_share(summary.gpu_util_mean_pct),
     }

@@ -29,8 +29,9 @@ from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.fits import Hardware
 from gpuprof.diagnoses.loopfacts import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
 from gpuprof.diagnoses.rules.optimizer import UNFUSED_OPTIMIZER
-from gpuprof.report.format import fmt, fmt_ms, fmt_share
+from gpuprof.report.format import fmt, fmt_ms, fmt_share, rank_list
 from gpuprof.run.jsonable import json_safe
+from gpuprof.run.schema import COMPUTE_PHASES, MODEL_PHASES
 
 # A bound other than compute is the verdict from this share of step time on (dataloader-bound's warning).
 BOUND_MIN_SHARE_PCT = 15.0
@@ -46,7 +47,6 @@ TRACE_COLUMNS = {
     "host": ("runtime_us", "other_us"),
     "compute": ("kernel_us",),
 }
-COMPUTE_PHASES = ("forward", "backward", "optimizer")
 # The phase whose time a bound measured from the phase timings is: its user functions are named.
 BOUND_PHASES = {"input": "data", "host": "other"}
 WHAT = {
@@ -216,8 +216,7 @@ def failure_subject(stopped) -> str:
 
 def unreadable_steps(ranks: list[int]) -> Verdict:
     """Steps were recorded, in files that cannot be read: not a loop that did not step."""
-    named = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
-    return Verdict(None, None, f"The steps files of rank(s) {named} are damaged and were left out (see the "
+    return Verdict(None, None, f"The steps files of rank(s) {rank_list(ranks, shown=8)} are damaged and were left out (see the "
                    "notes); no other rank has readable steps.",
                    "Restore the damaged files from a copy, or record the run again.", missing="readable steps")
 
@@ -303,7 +302,7 @@ def step_shares(summary, trace_steps: pd.DataFrame, device_trace: bool) -> tuple
 def phase_shares(summary) -> dict | None:
     """Input, host and compute shares from the phase timings; None when the run did not time phases."""
     split = summary.phase_split_pct
-    if any(split.get(phase) is None for phase in ("data", "forward", "backward")):
+    if any(split.get(phase) is None for phase in MODEL_PHASES):
         return None
     return {"input": split["data"], "host": split.get("other") or 0.0,
             "compute": sum(split.get(phase) or 0.0 for phase in COMPUTE_PHASES)}

@@ -40,6 +40,8 @@ EVAL_PHASE = "eval"
 OTHER_PHASE = "other"
 TIMED_PHASES = tuple(phase for phase in STEP_PHASES if phase != OTHER_PHASE)
 SPLIT_PHASES = tuple(phase for phase in STEP_PHASES if phase != EVAL_PHASE)
+MODEL_PHASES = ("data", "forward", "backward")  # timed by the model's hooks: lost where it cannot be hooked
+COMPUTE_PHASES = ("forward", "backward", "optimizer")  # the work a compute-bound step spends its time on
 # Where NaN forensics' re-run found the first non-finite value made (a `nonfinite` event's
 # details["phase"]), and what each says about it, for people.
 BLAME_PHASES = {

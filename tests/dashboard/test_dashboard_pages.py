@@ -20,6 +20,7 @@ from gpuprof.report.comparison import figure_rows
 from gpuprof.run.reader import load_run
 from gpuprof.report.tuning import TRIAL_HEADERS, trial_label
 from gpuprof.run.schema import NUMERICS_DIR, EventKind
+from gpuprof.units import bytes_text
 from gpuprof.tune.tuning import read_result
 
 
@@ -54,7 +55,7 @@ def test_run_page_shows_diagnoses_first_then_the_timelines(sample_root, open_pag
     assert metrics["Step time p50"] == f"{summary.step_time_p50_s * 1e3:,.1f} ms"
     # a CPU run has no allocator peak: the headline is the process's peak RSS
     peak_rss_bytes = run.steps["mem_rss_bytes"].max()
-    assert metrics["Peak memory"] == f"{peak_rss_bytes / 2**30:.2f} GiB" and peak_rss_bytes > 0
+    assert metrics["Peak memory"] == bytes_text(peak_rss_bytes) and peak_rss_bytes > 0
     steps = run.steps[run.steps["rank"] == 0]
     throughput = trace_named(app, "tokens/s")
     np.testing.assert_allclose(values(throughput, "y"), steps["tokens_per_s"].dropna())
