@@ -21,6 +21,10 @@ from gpuprof.capture.usercode import code_key, function_site, thread_user_frames
 
 # 20 samples a second: a few per step of a small model, a few hundred per minute of any run.
 STACK_INTERVAL_S = 0.05
+# Where a sample costs more (deep stacks: faulthandler makes about nine system calls a frame), fewer, down to a
+# quarter of the rate: the sampler takes at most this share of one core.
+CPU_BUDGET = 0.005
+SLOWEST_RATE = 4  # the longest wait is this many intervals (a first sample compiles the user's files once)
 
 
 class StackSampler:
@@ -34,6 +38,7 @@ class StackSampler:
         self._thread_id: int | None = None
         self._explicit: tuple[str, ...] = ()  # the prof.phase() spans open now, innermost last (replaced, not changed)
         self._unsettled: list[tuple[float, list, dict]] = []  # (perf_counter, its window, row) between evaluation calls
+        self._cost_s = 0.0  # the last sample's CPU time
 
     def on_start(self, prof) -> None:
         self._prof = prof
@@ -55,8 +60,10 @@ class StackSampler:
         loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'. A stack
         read while the training thread moved on (another step, phase or evaluation call, gpuprof's own step-end
         work) is dropped: its phase would be another moment's."""
+        started_s = time.thread_time()
         moment = self._moment()
         frames = thread_user_frames(self._thread_id)
+        self._cost_s = time.thread_time() - started_s
         if frames is None or moment[0] or self._moment() != moment:
             return
         _, step, phase, window, between = moment
@@ -74,6 +81,11 @@ class StackSampler:
             self._unsettled.append((time.perf_counter(), window, row))
         else:
             prof.writer.write("stacks", [row])
+
+    def next_interval_s(self) -> float:
+        """The wait before the next sample: `interval_s`, longer where the last sample cost more than CPU_BUDGET
+        of a core at that rate, at most SLOWEST_RATE intervals."""
+        return min(max(self.interval_s, self._cost_s / CPU_BUDGET), SLOWEST_RATE * self.interval_s)
 
     def _moment(self) -> tuple:
         """Where the training thread is, as the row says it: gpuprof at its own work, the step, the phase, the

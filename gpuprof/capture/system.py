@@ -338,9 +338,10 @@ class SystemSampler:
         while not self._stop.wait(max(0.0, min(next_system, next_stack) - time.monotonic())):
             now = time.monotonic()
             if now >= next_stack:
-                next_stack = now + self.stacks.interval_s
                 if not self._take("stack", self.stacks.sample):
                     self.stacks, next_stack = None, float("inf")
+                else:
+                    next_stack = now + self.stacks.next_interval_s()
             if now >= next_system:
                 next_system = now + self.interval_s
                 if not self._take("system", self._write_sample):
