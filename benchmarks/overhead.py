@@ -464,10 +464,11 @@ def _inside_an_op(event) -> bool:
     return parent is not None
 
 
-def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, dict[str, float], int]:
-    """Interleaved pairs captured with every default, stack samples off (as `bare`) and on; and the median
+def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, dict[str, float], int, float]:
+    """Interleaved pairs captured with every default, stack samples off (as `bare`) and on; the median
     microseconds of one sample on the sampler's thread, in wall and in that thread's CPU time ("wall",
-    "thread"), over every sample of the `on` blocks."""
+    "thread"), over every sample of the `on` blocks; and the seconds between two samples there (the sampler
+    waits longer after a sample that cost more than its budget)."""
     result = Pairs(bench.device)
     samples_us: dict[str, list[float]] = {"wall": [], "thread": []}
     original = StackSampler.sample
@@ -479,15 +480,20 @@ def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, di
             times.append((CLOCKS[clock]() - start[clock]) * 1e6)
 
     StackSampler.sample = timed_sample
+    sampled_s = 0.0
     try:
         for rep in range(pairs):
             for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
+                started_s = time.perf_counter()
                 with bench.open_run({"stack_interval_s": 0 if mode == "off" else interval_s}) as prof:
                     (result.bare if mode == "off" else result.capture).append(bench.block(prof))
+                if mode == "on":
+                    sampled_s += time.perf_counter() - started_s
     finally:
         StackSampler.sample = original
     medians = {clock: statistics.median(times) if times else float("nan") for clock, times in samples_us.items()}
-    return result, medians, len(samples_us["wall"])
+    samples = len(samples_us["wall"])
+    return result, medians, samples, sampled_s / samples if samples else float("nan")
 
 
 # ------------------------------------------------------------------ entries alone
@@ -614,18 +620,20 @@ def print_entries_table(entries: Pairs, headline: Pairs) -> None:
               f"(x{headline.median_ratio(clock):.4f})")
 
 
-def print_stacks_table(pairs: Pairs, sample_us: dict[str, float], samples: int, interval_s: float) -> None:
+def print_stacks_table(pairs: Pairs, sample_us: dict[str, float], samples: int, between_s: float,
+                       interval_s: float) -> None:
     low, high = pairs.spread()
     step_s = pairs.step_s("bare")
-    per_step_us = sample_us["wall"] * step_s / interval_s
+    per_step_us = sample_us["wall"] * step_s / between_s
     print(f"\nstack sampler every {interval_s:g} s ({len(pairs.bare)} interleaved pairs, every other default on):")
     print(f"  wall time: off {step_s * 1e3:.2f} ms/step, on {pairs.step_s('capture') * 1e3:.2f} ms/step; "
           f"ratio x{pairs.median_ratio():.4f} median, p10-p90 x{low:.4f}-x{high:.4f}; "
           f"{pairs.added_us_per_step():+.0f} us/step median; process CPU {pairs.added_us_per_step('cpu'):+.0f} us/step")
+    print(f"  samples taken one every {between_s:.3f} s (the sampler waits longer after a sample over its budget)")
     print(f"  one sample: {sample_us['wall']:.1f} us on the sampler's thread (median of {samples}); at this rate "
           f"{per_step_us:.1f} us per {step_s * 1e3:.2f} ms step = {100 * per_step_us / (step_s * 1e6):.3f} % of a step")
     print(f"  one sample's CPU time on the sampler's thread: {sample_us['thread']:.1f} us; at this rate "
-          f"{100 * sample_us['thread'] * 1e-6 / interval_s:.3f} % of a core")
+          f"{100 * sample_us['thread'] * 1e-6 / between_s:.3f} % of a core")
 
 
 @contextlib.contextmanager
