@@ -76,8 +76,8 @@ class Profiler:
     trace_steps: optimizer steps to record with torch.profiler (e.g. range(10, 14)); None for none.
     sample_interval_s: background device/host sampling period; "auto" (default): 0.1 s where this rank's GPU
         can be sampled (NVML), 1 s for the host alone; 0 or None turns the sampler off.
-    stack_interval_s: the training thread's Python stack is sampled this often (seconds, from the same
-        thread; gpuprof.capture.stack_sampler) to name the user's functions where time goes; 0 turns it off.
+    stack_interval_s: the training thread's Python stack is sampled at most this often (seconds, from the
+        sampler's thread; gpuprof.capture.stack_sampler) to name the user's functions where time goes; 0 turns it off.
     flops_per_token: training FLOPs per token; derived from a Hugging Face style model when None.
     grad_norms: per-step global grad norm; layer_interval: per-layer norms every N steps (0: never);
     update_ratio_interval: per-layer update-to-weight ratios every N steps (0: never).
