@@ -1,15 +1,14 @@
 """Where the training thread's time goes in the user's own code: its Python stack, sampled at a low rate.
 
-Every `interval_s` (STACK_INTERVAL_S by default) the system sampler's thread reads the training
-thread's stack (gpuprof.capture.usercode.thread_user_frames, in one call that holds the GIL) and writes one `stacks` row: the step, the phase
-the step is in at that moment (an explicit `prof.phase()` first, else the automatic phases' state),
+Every `interval_s` (STACK_INTERVAL_S by default; longer after a sample that cost more than CPU_BUDGET)
+the system sampler's thread reads the training thread's stack (gpuprof.capture.usercode.thread_user_frames,
+in one call that holds the GIL) and writes one `stacks` row: the step, the phase the step is in at that moment (an explicit `prof.phase()` first, else the automatic phases' state),
 and the innermost frame of the user's code (gpuprof.capture.usercode) with the line it runs and
 the line of the loop that led there. A sample taken between the model calls of an evaluation the
 loop runs with its own statements waits until the loop's next move says whether it was evaluation
 (see `_settle`). Over many steps the samples of a phase split its measured
 time among the user's functions (gpuprof.analysis.run.hotspots), so that no share of the step is
-a black box. A sample reads a few dozen frames and builds no string but the row's; its cost is
-measured by `benchmarks/overhead.py --components stacks`.
+a black box. Its cost is measured by `benchmarks/overhead.py --components stacks`.
 """
 
 from __future__ import annotations

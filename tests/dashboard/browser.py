@@ -10,9 +10,9 @@ import time
 import pytest
 
 try:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 except ImportError:  # the `test` extra installs it
-    sync_playwright = None
+    expect = sync_playwright = None
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RENDER_TIMEOUT_S = 240.0  # generous: the suite runs on a shared, loaded 2-core machine (-n 2)

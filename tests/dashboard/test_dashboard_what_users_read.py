@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 import pytest
 import torch
-from browser import chromium_page, needs_browser, rendered
+from browser import RENDER_TIMEOUT_S, chromium_page, expect, needs_browser, rendered
 from dashboard_helpers import SHARED_TRACES
 from dashboard_servers import DashboardServer
 from gpt2_runs import BATCH, SEQ, VOCAB, record, tiny_gpt2
@@ -162,7 +162,8 @@ def test_an_uploaded_trace_gets_its_verdict_under_its_own_name_and_a_bad_file_on
     page.wait_for_function("() => document.body.innerText.includes('notes.json: not a torch.profiler trace')")
     errors = page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
     assert errors == ["notes.json: not a torch.profiler trace (no 'traceEvents' list)"]
-    assert page.get_by_test_id("stDownloadButton").count() == 0
+    # the good trace's elements stay, faded, until the run that shows the error ends
+    expect(page.get_by_test_id("stDownloadButton")).to_have_count(0, timeout=RENDER_TIMEOUT_S * 1000)
     assert "gpuprof-upload-" not in page.evaluate("() => document.body.innerText")
 
 
