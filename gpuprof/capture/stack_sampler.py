@@ -2,8 +2,8 @@
 
 Every `interval_s` (STACK_INTERVAL_S by default; longer after a sample that cost more than CPU_BUDGET)
 the system sampler's thread reads the training thread's stack (gpuprof.capture.usercode.thread_user_frames,
-in one call that holds the GIL) and writes one `stacks` row: the step, the phase the step is in at that moment (an explicit `prof.phase()` first, else the automatic phases' state),
-and the innermost frame of the user's code (gpuprof.capture.usercode) with the line it runs and
+in one call that holds the GIL) and writes one `stacks` row: the step, the phase the step is in at that
+moment (an explicit `prof.phase()` first, else the automatic phases' state), and the innermost frame of the user's code (gpuprof.capture.usercode) with the line it runs and
 the line of the loop that led there. A sample taken between the model calls of an evaluation the
 loop runs with its own statements waits until the loop's next move says whether it was evaluation
 (see `_settle`). Over many steps the samples of a phase split its measured

@@ -145,9 +145,10 @@ def code_at(filename: str, function: str, line: int | None) -> Any:
     """The code of `filename` named `function` that runs `line`, the innermost holding it; a NamedCode by the
     line where there is none."""
     if line is not None:
-        holding = [code for code, lines in _compiled_codes(filename) if code.co_name == function and line in lines]
+        holding = [(len(lines), code) for code, lines in _compiled_codes(filename)
+                   if code.co_name == function and line in lines]
         if holding:
-            return min(holding, key=lambda code: len(_code_lines(code)))
+            return min(holding, key=lambda pair: pair[0])[1]
     return NamedCode(filename, function, function, line or 0)
 
 

@@ -241,7 +241,8 @@ class HangWatchdog:
             payload["flight_recorder"] = flight.recent(entries)
             in_flight = flight.in_flight(entries, completed)
             # the one the main thread waits in; an earlier one may read not completed yet (a loaded host's recorder)
-            call = usercode.collective_call(usercode.main_thread_frames())
+            main = next((stack["frames"] for stack in payload["stacks"] if stack["main"]), [])
+            call = usercode.collective_call(main)
             payload["collective"] = next((entry for entry in in_flight if entry["kind"] == call),
                                          next(iter(in_flight), None))
         return payload

@@ -216,8 +216,8 @@ def failure_subject(stopped) -> str:
 
 def unreadable_steps(ranks: list[int]) -> Verdict:
     """Steps were recorded, in files that cannot be read: not a loop that did not step."""
-    return Verdict(None, None, f"The steps files of rank(s) {rank_list(ranks, shown=8)} are damaged and were left out (see the "
-                   "notes); no other rank has readable steps.",
+    return Verdict(None, None, f"The steps files of rank(s) {rank_list(ranks, shown=8)} are damaged and were left "
+                   "out (see the notes); no other rank has readable steps.",
                    "Restore the damaged files from a copy, or record the run again.", missing="readable steps")
 
 
