@@ -32,8 +32,8 @@ freed by a captured block may stay with the process into the next bare one: a lo
           (about +-400 us a step here with 15 pairs) needs 60 pairs or so to show it
   stacks  the stack sampler (gpuprof.capture.stack_sampler): interleaved pairs captured with every default,
           stack samples off and on (at --stack-interval-s, default the Profiler's), the increase in
-          wall time per step; and each sample's own time on the sampler's thread, wall and CPU, with
-          what that comes to per step and per core at that rate
+          wall time per step; and each sample's own time on the training thread (where it is taken),
+          wall and CPU, with what that comes to per step and per core at that rate
 
     .venv/bin/python benchmarks/overhead.py                                  # tiny GPT-2, 4x64 tokens, plain loop
     .venv/bin/python benchmarks/overhead.py --loss outside                   # the loss computed by the loop
@@ -381,6 +381,7 @@ class HookTimer:
         self.patch(StreamWriter, "write", "writer")
         self.patch(SystemSampler, "sample", "sampler")
         self.patch(StackSampler, "sample", "stack sampler")
+        self.patch(StackSampler, "_take", "stack sampler: the sample")
         try:
             yield self
         finally:
@@ -466,20 +467,20 @@ def _inside_an_op(event) -> bool:
 
 def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, dict[str, float], int, float]:
     """Interleaved pairs captured with every default, stack samples off (as `bare`) and on; the median
-    microseconds of one sample on the sampler's thread, in wall and in that thread's CPU time ("wall",
-    "thread"), over every sample of the `on` blocks; and the seconds between two samples there (the sampler
-    waits longer after a sample that cost more than its budget)."""
+    microseconds of one sample on the training thread (where it is taken), in wall and in that thread's CPU
+    time ("wall", "thread"), over every sample of the `on` blocks; and the seconds between two samples there
+    (the sampler waits longer after a sample that cost more than its budget)."""
     result = Pairs(bench.device)
     samples_us: dict[str, list[float]] = {"wall": [], "thread": []}
-    original = StackSampler.sample
+    original = StackSampler._take
 
-    def timed_sample(sampler):
+    def timed_take(sampler):
         start = {clock: CLOCKS[clock]() for clock in samples_us}
         original(sampler)
         for clock, times in samples_us.items():
             times.append((CLOCKS[clock]() - start[clock]) * 1e6)
 
-    StackSampler.sample = timed_sample
+    StackSampler._take = timed_take
     sampled_s = 0.0
     try:
         for rep in range(pairs):
@@ -490,7 +491,7 @@ def stacks_costs(bench: Bench, pairs: int, interval_s: float) -> tuple[Pairs, di
                 if mode == "on":
                     sampled_s += time.perf_counter() - started_s
     finally:
-        StackSampler.sample = original
+        StackSampler._take = original
     medians = {clock: statistics.median(times) if times else float("nan") for clock, times in samples_us.items()}
     samples = len(samples_us["wall"])
     return result, medians, samples, sampled_s / samples if samples else float("nan")
@@ -630,9 +631,9 @@ def print_stacks_table(pairs: Pairs, sample_us: dict[str, float], samples: int, 
           f"ratio x{pairs.median_ratio():.4f} median, p10-p90 x{low:.4f}-x{high:.4f}; "
           f"{pairs.added_us_per_step():+.0f} us/step median; process CPU {pairs.added_us_per_step('cpu'):+.0f} us/step")
     print(f"  samples taken one every {between_s:.3f} s (the sampler waits longer after a sample over its budget)")
-    print(f"  one sample: {sample_us['wall']:.1f} us on the sampler's thread (median of {samples}); at this rate "
+    print(f"  one sample: {sample_us['wall']:.1f} us on the training thread (median of {samples}); at this rate "
           f"{per_step_us:.1f} us per {step_s * 1e3:.2f} ms step = {100 * per_step_us / (step_s * 1e6):.3f} % of a step")
-    print(f"  one sample's CPU time on the sampler's thread: {sample_us['thread']:.1f} us; at this rate "
+    print(f"  one sample's CPU time on the training thread: {sample_us['thread']:.1f} us; at this rate "
           f"{100 * sample_us['thread'] * 1e-6 / between_s:.3f} % of a core")
 
 

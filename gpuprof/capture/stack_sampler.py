@@ -1,29 +1,39 @@
 """Where the training thread's time goes in the user's own code: its Python stack, sampled at a low rate.
 
-Every `interval_s` (STACK_INTERVAL_S by default; longer after a sample that cost more than CPU_BUDGET)
-the system sampler's thread reads the training thread's stack (gpuprof.capture.usercode.thread_user_frames,
-in one call that holds the GIL) and writes one `stacks` row: the step, the phase the step is in at that
-moment (an explicit `prof.phase()` first, else the automatic phases' state), and the innermost frame of the user's code (gpuprof.capture.usercode) with the line it runs and
-the line of the loop that led there. A sample taken between the model calls of an evaluation the
-loop runs with its own statements waits until the loop's next move says whether it was evaluation
-(see `_settle`). Over many steps the samples of a phase split its measured
-time among the user's functions (gpuprof.analysis.run.hotspots), so that no share of the step is
-a black box. Its cost is measured by `benchmarks/overhead.py --components stacks`.
+Every `interval_s` (STACK_INTERVAL_S by default; longer after a sample that cost more than CPU_BUDGET) the
+system sampler's thread asks for one sample, and the training thread takes it itself at its next bytecode
+(gpuprof.capture.main_thread): the step, the phase the step is in at that moment (an explicit `prof.phase()`
+first, else the automatic phases' state), and the user frames of its stack (gpuprof.capture.usercode), read
+together. A request made while the thread is inside a C call (a sleep, a wait on a loader or a device) is
+answered when the call returns, at the line that made it, and that sample stands for every interval the wait
+took: each interval is one `stacks` row, named by the innermost frame of the user's code with the line it runs
+and the line of the loop that led there. A sample taken between the model calls of an evaluation the loop runs
+with its own statements waits until the loop's next move says whether it was evaluation (see `_settle`). Over
+many steps the samples of a phase split its measured time among the user's functions
+(gpuprof.analysis.run.hotspots), so that no share of the step is a black box. The thread has to be the main
+thread (where CPython runs such requests); on another, no stack is sampled. Its cost is measured by
+`benchmarks/overhead.py --components stacks`.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
+import sys
 import threading
 import time
 
-from gpuprof.capture.usercode import code_key, function_site, thread_user_frames
+from gpuprof.capture import main_thread
+from gpuprof.capture.usercode import ReadFrame, function_site, user_frames
+
+logger = logging.getLogger("gpuprof")
 
 # 20 samples a second: a few per step of a small model, a few hundred per minute of any run.
 STACK_INTERVAL_S = 0.05
-# Where a sample costs more (deep stacks: faulthandler makes about nine system calls a frame), fewer, down to a
-# quarter of the rate: the sampler takes at most this share of one core.
+# Where a sample costs the training thread more (deep stacks), fewer, down to a quarter of the rate: sampling
+# takes at most this share of its time.
 CPU_BUDGET = 0.005
-SLOWEST_RATE = 4  # the longest wait is this many intervals (a first sample compiles the user's files once)
+SLOWEST_RATE = 4  # the longest wait is this many intervals
 
 
 class StackSampler:
@@ -34,14 +44,19 @@ class StackSampler:
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
         self._prof = None
-        self._thread_id: int | None = None
+        self._sampling = False  # the training thread is the main thread, where a sample can be taken
         self._explicit: tuple[str, ...] = ()  # the prof.phase() spans open now, innermost last (replaced, not changed)
         self._unsettled: list[tuple[float, list, dict]] = []  # (perf_counter, its window, row) between evaluation calls
-        self._cost_s = 0.0  # the last sample's CPU time
+        self._ticks_unix_s: list[float] = []  # the intervals the next sample stands for
+        self._requested = False  # a sample asked for and not taken yet
+        self._taken: collections.deque = collections.deque()  # (perf_counter, moment, frames, ticks) to write
+        self._cost_s = 0.0  # the last sample's time on the training thread
 
     def on_start(self, prof) -> None:
         self._prof = prof
-        self._thread_id = threading.get_ident()
+        self._sampling = threading.current_thread() is threading.main_thread() and main_thread.available()
+        if not self._sampling:
+            logger.info("gpuprof: no stack samples: the training thread is not this process's main thread")
 
     def on_phase_begin(self, prof, name: str) -> None:
         self._explicit = (*self._explicit, name)
@@ -52,34 +67,54 @@ class StackSampler:
             self._explicit = self._explicit[:last] + self._explicit[last + 1:]
 
     def meta(self, prof) -> dict:
-        return {"stack_interval_s": self.interval_s}
+        return {"stack_interval_s": self.interval_s if self._sampling else None}
 
     def sample(self) -> None:
-        """One row, from the sampler's thread. With no user frame on the stack (the thread in a library's own
-        loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'. A stack
-        read while the training thread moved on (another step, phase or evaluation call, gpuprof's own step-end
-        work) is dropped: its phase would be another moment's."""
-        started_s = time.thread_time()
-        moment = self._moment()
-        frames = thread_user_frames(self._thread_id)
-        self._cost_s = time.thread_time() - started_s
-        if frames is None or moment[0] or self._moment() != moment:
+        """From the sampler's thread, each interval: writes the samples taken since, and asks for the next one
+        unless one is still asked for (the training thread in a C call), which then stands for this interval too."""
+        self._write_taken()
+        if not self._sampling:
             return
+        self._ticks_unix_s.append(time.time())
+        if not self._requested:
+            self._requested = main_thread.call_on_main_thread(self._take)
+
+    def _take(self) -> None:
+        """On the training thread, between two of its bytecodes: its moment and its stack's user frames, read at
+        once. None is kept while gpuprof itself is at work (its step-end bookkeeping)."""
+        started_s = time.perf_counter()
+        ticks, self._ticks_unix_s = self._ticks_unix_s, []
+        moment = self._moment()
+        if not moment[0]:
+            frames = [ReadFrame(frame.f_code, frame.f_lineno) for frame in user_frames(sys._getframe(1))]
+            self._taken.append((started_s, moment, frames, ticks))
+        self._requested = False
+        self._cost_s = time.perf_counter() - started_s
+
+    def _write_taken(self) -> None:
+        while self._taken:
+            taken_s, moment, frames, ticks = self._taken.popleft()
+            self._write(taken_s, moment, frames, ticks)
+
+    def _write(self, taken_s: float, moment: tuple, frames: list[ReadFrame], ticks: list[float]) -> None:
+        """One row per interval the sample stands for. With no user frame on the stack (the thread in a library's
+        own loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'."""
         _, step, phase, window, between = moment
         prof, hooks = self._prof, self._prof.phase_hooks
-        row = {"time_unix_s": time.time(), "rank": prof.ranks.rank, "step": step, "phase": phase}
+        site = {"rank": prof.ranks.rank, "step": step, "phase": phase}
         if frames:
             entry, loop = _entry_and_loop(frames, hooks.loop_codes)
             function, filename, line = function_site(entry, by_line=entry is loop)
             inner = function_site(frames[0])
-            row.update(function=function, file=filename, line=line, running_line=entry.f_lineno,
-                       inner_function=inner[0], inner_file=inner[1], inner_line=inner[2],
-                       loop_file=loop.f_code.co_filename, loop_line=loop.f_lineno)
+            site.update(function=function, file=filename, line=line, running_line=entry.f_lineno,
+                        inner_function=inner[0], inner_file=inner[1], inner_line=inner[2],
+                        loop_file=loop.f_code.co_filename, loop_line=loop.f_lineno)
+        rows = [{"time_unix_s": tick_unix_s, **site} for tick_unix_s in ticks]
         self._settle(window)
         if not self._explicit and window is not None and between:
-            self._unsettled.append((time.perf_counter(), window, row))
+            self._unsettled.extend((taken_s, window, row) for row in rows)
         else:
-            prof.writer.write("stacks", [row])
+            prof.writer.write("stacks", rows)
 
     def next_interval_s(self) -> float:
         """The wait before the next sample: `interval_s`, longer where the last sample cost more than CPU_BUDGET
@@ -94,7 +129,9 @@ class StackSampler:
                 hooks.evaluation_window, hooks.between_evaluation_calls)
 
     def flush(self) -> None:
-        """Once sampling has stopped: the samples left unsettled were taken after their window's last call."""
+        """Once sampling has stopped: the samples taken are written; those left unsettled were taken after their
+        window's last call."""
+        self._write_taken()
         self._settle(None)
 
     def _settle(self, open_window: list[float] | None) -> None:
@@ -117,8 +154,8 @@ def _entry_and_loop(frames: list, loop_codes) -> tuple:
     """The frame a sample is named by, and the loop's frame: the innermost frame running the code that calls
     the model in training (the loop), and the user function it called (`get_batch`), or the loop itself at its
     line. Before the loop is known, the innermost and outermost user frames."""
-    loop_keys = {code_key(code) for code in loop_codes or ()}
-    at = next((index for index, frame in enumerate(frames) if code_key(frame.f_code) in loop_keys), None)
+    loop_codes = loop_codes or ()
+    at = next((index for index, frame in enumerate(frames) if frame.f_code in loop_codes), None)
     if at is None:
         return frames[0], frames[-1]
     return frames[max(at - 1, 0)], frames[at]

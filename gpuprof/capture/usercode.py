@@ -1,5 +1,5 @@
 """The user's own code in Python stacks: which frames are the loop's, how a place in it is named, and
-every thread's stack read from another thread.
+every thread's stack read from another thread (for a hang).
 
 User code is every Python file outside the standard library, installed packages (site-packages),
 torch and gpuprof itself (gpuprof's reference workload excepted: under `gpuprof train` that loop is
@@ -24,7 +24,7 @@ import tempfile
 import threading
 import traceback
 from types import CodeType, FrameType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -85,17 +85,9 @@ def function_site(frame: FrameType, by_line: bool = False) -> tuple[str, str, in
 
 
 class ReadFrame(NamedTuple):
-    """A frame of another thread's stack as `thread_user_frames` reads it: its code, compiled again from its file
-    (the running code's names and lines), or a `NamedCode` where its source cannot be compiled; and its line."""
-    f_code: Any
+    """A frame as a stack sample keeps it: its code and the line it ran (the frame itself is not kept)."""
+    f_code: CodeType
     f_lineno: int | None
-
-
-class NamedCode(NamedTuple):
-    co_filename: str
-    co_name: str
-    co_qualname: str
-    co_firstlineno: int
 
 
 _DUMP_LINE = re.compile(r'^(?:Current thread|Thread) (0x[0-9a-f]+)|^  File "(.*)", line (\d+|\?\?\?) in (.*)$', re.M)
@@ -103,9 +95,10 @@ _DUMP_LINE = re.compile(r'^(?:Current thread|Thread) (0x[0-9a-f]+)|^  File "(.*)
 
 def _dumped_stacks() -> dict[int, list[tuple[str, int | None, str]]]:
     """Every thread's Python stack, innermost first, as (file, line, function): read by faulthandler in one call
-    that holds the GIL and makes no frame object. Walking another thread's frames with `f_back` lets that thread
-    run between two reads, and on CPython 3.11 a frame object it leaves behind can point at freed memory: the
-    stack sampler took a training process down that way on a loaded machine (SIGSEGV in `f_back`)."""
+    that holds the GIL and makes no frame object, for a thread that may be stuck in a C call (a hang), which
+    nothing inside it can read. Not free of risk on CPython 3.11: the dump walks the thread states unlocked and
+    crashes on one a C thread is making meanwhile, so it is read only where a hang is suspected; the stack
+    sampler reads the training thread's stack inside that thread (gpuprof.capture.main_thread)."""
     with _dump_file() as dump:
         faulthandler.dump_traceback(dump, all_threads=True)
         text = os.pread(dump.fileno(), dump.tell(), 0).decode("utf-8", "backslashreplace")
@@ -123,57 +116,6 @@ def _dump_file():
     if hasattr(os, "memfd_create"):
         return open(os.memfd_create("gpuprof-stacks"), "rb+", buffering=0)
     return tempfile.TemporaryFile(buffering=0)
-
-
-def thread_user_frames(ident: int, limit: int = MAX_USER_FRAMES) -> list[ReadFrame] | None:
-    """The user frames of thread `ident`'s stack, innermost first, at most `limit`, read from another thread; None
-    while it runs no Python."""
-    stack = _dumped_stacks().get(ident)
-    if not stack:
-        return None
-    found = []
-    for filename, line, function in stack:
-        if len(found) == limit:
-            break
-        if is_user_file(filename):
-            found.append(ReadFrame(code_at(filename, function, line), line))
-    return found
-
-
-@functools.lru_cache(maxsize=4096)
-def code_at(filename: str, function: str, line: int | None) -> Any:
-    """The code of `filename` named `function` that runs `line`, the innermost holding it; a NamedCode by the
-    line where there is none."""
-    if line is not None:
-        holding = [(len(lines), code) for code, lines in _compiled_codes(filename)
-                   if code.co_name == function and line in lines]
-        if holding:
-            return min(holding, key=lambda pair: pair[0])[1]
-    return NamedCode(filename, function, function, line or 0)
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_codes(filename: str) -> tuple[tuple[CodeType, frozenset[int]], ...]:
-    """Every code object of a source file, with its lines; none where it cannot be read or compiled."""
-    try:
-        pending = [compile("".join(linecache.getlines(filename)), filename, "exec", dont_inherit=True)]
-    except (SyntaxError, ValueError):
-        return ()
-    codes = []
-    while pending:
-        code = pending.pop()
-        codes.append((code, _code_lines(code)))
-        pending.extend(constant for constant in code.co_consts if isinstance(constant, CodeType))
-    return tuple(codes)
-
-
-def _code_lines(code: CodeType) -> frozenset[int]:
-    return frozenset(line for _, _, line in code.co_lines() if line is not None)
-
-
-def code_key(code: Any) -> tuple[str, str, int]:
-    """What names a code object across its compilations: its file, qualified name and first line."""
-    return code.co_filename, getattr(code, "co_qualname", code.co_name), code.co_firstlineno
 
 
 def _frame_dict(filename: str, line: int | None, function: str) -> dict:

@@ -208,11 +208,15 @@ class HangWatchdog:
         return max(MIN_TIMEOUT_S, TIMEOUT_STEPS * median_s)
 
     def _beat(self) -> dict:
+        """This rank's heartbeat. Where the main thread is, only once its step has been still for a beat: the
+        stack is read from outside by faulthandler, which CPython 3.11 can crash when a C thread makes its thread
+        state meanwhile (gloo's threads do), so a healthy step never pays that risk (gpuprof.capture.main_thread)."""
         step, started, started_unix_s = self._step
-        frames = usercode.main_thread_frames()
+        stalled_s = time.monotonic() - started
+        frames = usercode.main_thread_frames() if stalled_s >= self.interval_s else []
         return {
             "rank": self._prof.ranks.rank, "pid": os.getpid(), "status": self._status, "time_unix_s": time.time(),
-            "step": step, "step_started_unix_s": started_unix_s, "stalled_s": time.monotonic() - started,
+            "step": step, "step_started_unix_s": started_unix_s, "stalled_s": stalled_s,
             "phase": self._prof.current_phase(), "where": usercode.where(frames),
             "collectives": self._group._get_sequence_number_for_group() if self._group is not None else None,
             "step_collectives": [list(pair) for pair in tuple(self._step_collectives)],  # copied at once: the loop appends
