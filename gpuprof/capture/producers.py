@@ -251,14 +251,32 @@ def find_producers(frame: types.FrameType, inputs: set[int]) -> list[tuple[Any, 
     """(owner, name, value) of each user function whose results the model was just given, over the user frames
     of the stack from `frame` outward."""
     bindings = []
-    for user_frame in user_frames(frame):
+    for depth, user_frame in enumerate(user_frames(frame)):
         scope = user_frame.f_locals
         names = {name for name, value in scope.items() if _holds(value, inputs)}
-        if names:
-            for expression in _assigned_from(user_frame.f_code, names):
-                bindings += _bindings(expression, user_frame)
+        sources = _assigned_from(user_frame.f_code, names) if names else []
+        if depth == 0:  # the frame calling the model: `model(get_batch())` too
+            sources += _called_in_arguments(user_frame.f_code, user_frame.f_lineno)
+        for expression in sources:
+            bindings += _bindings(expression, user_frame)
     unique = {(id(owner), name): (owner, name, value) for owner, name, value in bindings}
     return list(unique.values())
+
+
+def _called_in_arguments(code: types.CodeType, line: int | None) -> list[ast.expr]:
+    """The calls the statement running at `line` makes inside another call's arguments (`get_batch()` in
+    `model(get_batch())`, `next_inputs()` in `model(**next_inputs())`)."""
+    node = _code_node(code)
+    if node is None or line is None:
+        return []
+    running = [statement for statement in _own_nodes(node) if isinstance(statement, ast.stmt)
+               and statement.lineno <= line <= (statement.end_lineno or statement.lineno)]
+    if not running:
+        return []
+    statement = min(running, key=lambda found: (found.end_lineno or found.lineno) - found.lineno)
+    calls = [call for call in ast.walk(statement) if isinstance(call, ast.Call)]
+    arguments = [argument for call in calls for argument in (*call.args, *(keyword.value for keyword in call.keywords))]
+    return [argument.value if isinstance(argument, ast.Starred) else argument for argument in arguments]
 
 
 def _assigned_from(code: types.CodeType, names: set[str]) -> list[ast.expr]:

@@ -75,3 +75,21 @@ def test_a_function_that_runs_the_model_is_not_data(tmp_path):
     run = gpuprof.load_run(tmp_path / "run")
     assert "step_of" in [source["function"] for source in run.meta["phase_sources"]]  # found, then seen to run it
     assert (run.steps["data_time_s"] < DELAY_S).all()
+
+
+def test_a_batch_function_called_in_the_model_call_is_data(tmp_path):
+    """`model(input_ids=feeder.next_batch())`: its result is bound to no name, yet it makes the model's inputs."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    feeder = Feeder()
+    with gpuprof.profile(tmp_path / "run", model=model, optimizer=optimizer, sample_interval_s=0,
+                         stack_interval_s=0.01) as prof:
+        for _ in range(4):
+            model(input_ids=feeder.next_batch()).logits.float().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            prof.step()
+    run = gpuprof.load_run(tmp_path / "run")
+    assert [source["function"] for source in run.meta["phase_sources"]] == ["Feeder.next_batch"]
+    later = run.stacks[(run.stacks["step"] > 0) & (run.stacks["inner_function"] == "Feeder.next_batch")]
+    assert len(later) and set(later["phase"]) == {"data"}  # sampled inside it: data, not other
