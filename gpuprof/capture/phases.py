@@ -234,6 +234,11 @@ class PhaseHooks:
         return "forward" if self._forward_start is not None or self._in_model else "other"
 
     @property
+    def producing(self):
+        """The code of the loop's own batch function running now (its outermost call), else None."""
+        return self._data.code if self._data is not None and self._data.open else None
+
+    @property
     def evaluation_window(self) -> list[float] | None:
         """The evaluation window open now (no evaluator function wraps the loop's evaluation): [start, end so far]
         on the perf_counter clock, the one list while it is open; its end is that of its last call."""

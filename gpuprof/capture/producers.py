@@ -74,6 +74,13 @@ class Span:
         self._begin, self._end, self._produced = begin, end, produced
         self._depth = 0
         self.thread = threading.get_ident()
+        self.code: types.CodeType | None = None  # the user function the outermost call runs, where one is timed
+
+    def calling(self, code: types.CodeType) -> "Span":
+        """The span, entered as a call of the user function of `code` (named when it is the outermost)."""
+        if self._depth == 0 and threading.get_ident() == self.thread:
+            self.code = code
+        return self
 
     def produced(self, value: Any) -> None:
         """What the outermost call returned (a batch), for the model call it may feed."""
@@ -91,6 +98,7 @@ class Span:
         if threading.get_ident() == self.thread:
             self._depth -= 1
             if self._depth == 0:
+                self.code = None
                 self._end()
 
     @property
@@ -163,12 +171,13 @@ def _store(owner: Any, name: str, value: Any) -> None:
 
 
 def _timing_wrapper(function: Callable, span: Span) -> Callable:
+    code = getattr(_innermost(function), "__code__", None)
     if inspect.isgeneratorfunction(_innermost(function)):
         @functools.wraps(function)
         def generator_wrapper(*args, **kwargs):
             items = function(*args, **kwargs)
             while True:
-                with span:
+                with span.calling(code):
                     try:
                         item = next(items)
                     except StopIteration as stop:
@@ -180,7 +189,7 @@ def _timing_wrapper(function: Callable, span: Span) -> Callable:
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        with span:
+        with span.calling(code):
             result = function(*args, **kwargs)
             span.produced(result)
             return result
@@ -530,7 +539,7 @@ class Drawn:
 
     def draw(self, produce: Callable, argument: Any) -> Any:
         if self.state == "timed":
-            with self.span:
+            with self.span.calling(self.code):
                 item = produce(argument)
                 self.span.produced(item)
             return item
@@ -547,9 +556,14 @@ class Drawn:
         except Exception:  # noqa: BLE001 - a frame gone, an object that refuses: the proxy only delegates now
             pass
 
+    @functools.cached_property
+    def code(self) -> types.CodeType | None:
+        """The user code an item is drawn from: the generator's function, or the iterator's own `__next__`."""
+        return getattr(self.original, "gi_code", None) or getattr(_user_next(self.original), "__code__", None)
+
     def found(self) -> Found:
         """The generator's function (`cycle (train.py:27)`), else the name the loop draws from, where it uses it."""
-        code = getattr(self.original, "gi_code", None) or getattr(_user_next(self.original), "__code__", None)
+        code = self.code
         if code is not None:
             return Found("data", code.co_qualname, code.co_filename, code.co_firstlineno)
         return Found("data", f"{self.place.name} ({type(self.original).__qualname__})", *self.place.site)

@@ -47,7 +47,7 @@ class StackSampler:
         self._sampling = False  # the training thread is the main thread, where a sample can be taken
         self._explicit: tuple[str, ...] = ()  # the prof.phase() spans open now, innermost last (replaced, not changed)
         self._unsettled: list[tuple[float, list, dict]] = []  # (perf_counter, its window, row) between evaluation calls
-        self._ticks_unix_s: list[float] = []  # the intervals the next sample stands for
+        self._ticks: list[tuple] = []  # the intervals the next sample stands for: (time, batch function, phase)
         self._requested = False  # a sample asked for and not taken yet
         self._taken: collections.deque = collections.deque()  # (perf_counter, moment, frames, ticks) to write
         self._cost_s = 0.0  # the last sample's time on the training thread
@@ -75,7 +75,7 @@ class StackSampler:
         self._write_taken()
         if not self._sampling:
             return
-        self._ticks_unix_s.append(time.time())
+        self._ticks.append((time.time(), self._prof.phase_hooks.producing, self._moment()[2]))
         if not self._requested:
             self._requested = main_thread.call_on_main_thread(self._take)
 
@@ -83,7 +83,7 @@ class StackSampler:
         """On the training thread, between two of its bytecodes: its moment and its stack's user frames, read at
         once. None is kept while gpuprof itself is at work (its step-end bookkeeping)."""
         started_s = time.perf_counter()
-        ticks, self._ticks_unix_s = self._ticks_unix_s, []
+        ticks, self._ticks = self._ticks, []
         moment = self._moment()
         if not moment[0]:
             frames = [ReadFrame(frame.f_code, frame.f_lineno) for frame in user_frames(sys._getframe(1))]
@@ -96,25 +96,45 @@ class StackSampler:
             taken_s, moment, frames, ticks = self._taken.popleft()
             self._write(taken_s, moment, frames, ticks)
 
-    def _write(self, taken_s: float, moment: tuple, frames: list[ReadFrame], ticks: list[float]) -> None:
+    def _write(self, taken_s: float, moment: tuple, frames: list[ReadFrame], ticks: list[tuple]) -> None:
         """One row per interval the sample stands for. With no user frame on the stack (the thread in a library's
-        own loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'."""
+        own loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'. An
+        interval during which one of the loop's batch functions ran is that function's (data), also when the
+        sample was taken after it returned: C code it waited in (a C iterator a generator reads) comes back to
+        Python only in its caller."""
         _, step, phase, window, between = moment
-        prof, hooks = self._prof, self._prof.phase_hooks
-        site = {"rank": prof.ranks.rank, "step": step, "phase": phase}
-        if frames:
-            entry, loop = _entry_and_loop(frames, hooks.loop_codes)
-            function, filename, line = function_site(entry, by_line=entry is loop)
-            inner = function_site(frames[0])
-            site.update(function=function, file=filename, line=line, running_line=entry.f_lineno,
-                        inner_function=inner[0], inner_file=inner[1], inner_line=inner[2],
-                        loop_file=loop.f_code.co_filename, loop_line=loop.f_lineno)
-        rows = [{"time_unix_s": tick_unix_s, **site} for tick_unix_s in ticks]
+        site = {"rank": self._prof.ranks.rank, "step": step, "phase": phase, **self._site(frames)}
+        running = {frame.f_code for frame in frames}
+        rows = []
+        for tick_unix_s, producing, tick_phase in ticks:
+            row = {"time_unix_s": tick_unix_s, **site}
+            if producing is not None and producing not in running:
+                row.update(self._producer_site(producing, frames), phase=tick_phase)
+            rows.append(row)
         self._settle(window)
         if not self._explicit and window is not None and between:
             self._unsettled.extend((taken_s, window, row) for row in rows)
         else:
-            prof.writer.write("stacks", rows)
+            self._prof.writer.write("stacks", rows)
+
+    def _site(self, frames: list[ReadFrame]) -> dict:
+        """Where a sample landed: the user frame it is named by (see `_entry_and_loop`), the innermost and the
+        loop's."""
+        if not frames:
+            return {}
+        entry, loop = _entry_and_loop(frames, self._prof.phase_hooks.loop_codes)
+        function, filename, line = function_site(entry, by_line=entry is loop)
+        inner = function_site(frames[0])
+        return {"function": function, "file": filename, "line": line, "running_line": entry.f_lineno,
+                "inner_function": inner[0], "inner_file": inner[1], "inner_line": inner[2],
+                "loop_file": loop.f_code.co_filename, "loop_line": loop.f_lineno}
+
+    def _producer_site(self, code, frames: list[ReadFrame]) -> dict:
+        """A batch function's interval, named by that function (its line unknown: it had returned)."""
+        function, filename, line = function_site(ReadFrame(code, None))
+        site = {"function": function, "file": filename, "line": line, "running_line": None,
+                "inner_function": function, "inner_file": filename, "inner_line": line}
+        return {**site, **({"loop_file": None, "loop_line": None} if not frames else {})}
 
     def next_interval_s(self) -> float:
         """The wait before the next sample: `interval_s`, longer where the last sample cost more than CPU_BUDGET
