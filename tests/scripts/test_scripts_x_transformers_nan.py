@@ -47,7 +47,8 @@ def test_the_evaluation_after_the_update_names_its_step_module_op_and_the_update
     assert event["input_absmax"] > SPIKE_LR / 100
     cause = event["cause"]
     assert (cause["kind"], cause["step"], cause["lr"]) == ("oversized_update", SPIKED, SPIKE_LR)
-    assert cause["param_absmax_after"] > SPIKE_LR / 100 > 1 > cause["param_absmax_before"]
+    # before, weights of a few units (LayerNorm's start at 1 and a few steps move them); after, of the spike's size
+    assert cause["param_absmax_after"] > SPIKE_LR / 100 > 1e3 > cause["param_absmax_before"]
 
 
 def test_analyze_leads_with_the_numerics_then_says_the_script_raised(spiked):
