@@ -47,7 +47,9 @@ class StackSampler:
         self._sampling = False  # the training thread is the main thread, where a sample can be taken
         self._explicit: tuple[str, ...] = ()  # the prof.phase() spans open now, innermost last (replaced, not changed)
         self._unsettled: list[tuple[float, list, dict]] = []  # (perf_counter, its window, row) between evaluation calls
-        self._ticks: list[tuple] = []  # the intervals the next sample stands for: (time, batch function, phase)
+        # the intervals the next sample stands for, alike ones counted together (a thread stuck in a C call for hours
+        # keeps one entry): [first time, last time, count, batch function running, phase]
+        self._ticks: list[list] = []
         self._requested = False  # a sample asked for and not taken yet
         self._taken: collections.deque = collections.deque()  # (perf_counter, moment, frames, ticks) to write
         self._cost_s = 0.0  # the last sample's time on the training thread
@@ -75,9 +77,16 @@ class StackSampler:
         self._write_taken()
         if not self._sampling:
             return
-        self._ticks.append((time.time(), self._prof.phase_hooks.producing, self._moment()[2]))
+        self._count_tick(time.time(), self._prof.phase_hooks.producing, self._moment()[2])
         if not self._requested:
             self._requested = main_thread.call_on_main_thread(self._take)
+
+    def _count_tick(self, now_unix_s: float, producing, phase: str) -> None:
+        ticks = self._ticks
+        if ticks and ticks[-1][3] is producing and ticks[-1][4] == phase:
+            ticks[-1][1:3] = [now_unix_s, ticks[-1][2] + 1]
+        else:
+            ticks.append([now_unix_s, now_unix_s, 1, producing, phase])
 
     def _take(self) -> None:
         """On the training thread, between two of its bytecodes: its moment and its stack's user frames, read at
@@ -96,7 +105,7 @@ class StackSampler:
             taken_s, moment, frames, ticks = self._taken.popleft()
             self._write(taken_s, moment, frames, ticks)
 
-    def _write(self, taken_s: float, moment: tuple, frames: list[ReadFrame], ticks: list[tuple]) -> None:
+    def _write(self, taken_s: float, moment: tuple, frames: list[ReadFrame], ticks: list[list]) -> None:
         """One row per interval the sample stands for. With no user frame on the stack (the thread in a library's
         own loop, a Trainer's), the row names none: its share stays in the phase, said to be the libraries'. An
         interval during which one of the loop's batch functions ran is that function's (data), also when the
@@ -106,11 +115,12 @@ class StackSampler:
         site = {"rank": self._prof.ranks.rank, "step": step, "phase": phase, **self._site(frames)}
         running = {frame.f_code for frame in frames}
         rows = []
-        for tick_unix_s, producing, tick_phase in ticks:
-            row = {"time_unix_s": tick_unix_s, **site}
+        for first_unix_s, last_unix_s, count, producing, tick_phase in ticks:
+            ticked = site
             if producing is not None and producing not in running:
-                row.update(self._producer_site(producing, frames), phase=tick_phase)
-            rows.append(row)
+                ticked = {**site, **self._producer_site(producing, frames), "phase": tick_phase}
+            spacing_s = (last_unix_s - first_unix_s) / max(count - 1, 1)
+            rows += [{"time_unix_s": first_unix_s + index * spacing_s, **ticked} for index in range(count)]
         self._settle(window)
         if not self._explicit and window is not None and between:
             self._unsettled.extend((taken_s, window, row) for row in rows)

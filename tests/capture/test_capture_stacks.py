@@ -145,5 +145,6 @@ def test_the_stack_sampler_survives_c_threads_making_thread_states_and_weighs_a_
     # each 20 ms sleep is answered once, after it, with one row per interval it took: 2 ms, or up to 4 times that
     # where a sample costs more than its budget
     assert in_sleep.groupby("step").size().median() >= 20 / (4 * 2), stacks.groupby(["step", "inner_function"]).size()
+    assert in_sleep.groupby("step")["time_unix_s"].nunique().median() >= 20 / (4 * 2)  # each at its own interval
     assert set(in_sleep[in_sleep["step"] > in_sleep["step"].min()]["phase"]) == {"data"}  # the first: before the
     # first model call shows what feeds the model
