@@ -226,10 +226,14 @@ class HangWatchdog:
     def _collective(self, frames: list[dict]) -> dict | None:
         """The collective this rank waits in: the first the Flight Recorder saw enqueued and not completed
         (its sequence number), named by a torch.distributed call on the main thread's stack, else a DDP
-        gradient bucket launched this step; without a recorder, that call or bucket alone."""
+        gradient bucket launched this step; without a recorder, that call or bucket alone. None for a rank whose
+        main thread is read in its data with no such call on it: its loader holds it, and an entry or bucket time
+        read then is an earlier step's (a loaded host's recorder marks completions late)."""
         if self._group is None:
             return None
         call = usercode.collective_call(frames)
+        if frames and call is None and self._prof.current_phase() == "data":
+            return None
         arrival = next((c.arrival_unix_s for c in self._prof.collectors if hasattr(c, "arrival_unix_s")), None)
         guess = {"kind": call or "all_reduce", "since_unix_s": None if call else arrival}
         waiting = flight.waiting_on(str(torch.distributed.get_backend()))
