@@ -77,7 +77,7 @@ class StackSampler:
         self._write_taken()
         if not self._sampling:
             return
-        self._count_tick(time.time(), self._prof.phase_hooks.producing, self._moment()[2])
+        self._count_tick(time.time(), self._prof.phase_hooks.producing, self._phase())
         if not self._requested:
             self._requested = main_thread.call_on_main_thread(self._take)
 
@@ -118,7 +118,7 @@ class StackSampler:
         for first_unix_s, last_unix_s, count, producing, tick_phase in ticks:
             ticked = site
             if producing is not None and producing not in running:
-                ticked = {**site, **self._producer_site(producing, frames), "phase": tick_phase}
+                ticked = {**site, **_producer_site(producing), "phase": tick_phase}
             spacing_s = (last_unix_s - first_unix_s) / max(count - 1, 1)
             rows += [{"time_unix_s": first_unix_s + index * spacing_s, **ticked} for index in range(count)]
         self._settle(window)
@@ -139,13 +139,6 @@ class StackSampler:
                 "inner_function": inner[0], "inner_file": inner[1], "inner_line": inner[2],
                 "loop_file": loop.f_code.co_filename, "loop_line": loop.f_lineno}
 
-    def _producer_site(self, code, frames: list[ReadFrame]) -> dict:
-        """A batch function's interval, named by that function (its line unknown: it had returned)."""
-        function, filename, line = function_site(ReadFrame(code, None))
-        site = {"function": function, "file": filename, "line": line, "running_line": None,
-                "inner_function": function, "inner_file": filename, "inner_line": line}
-        return {**site, **({"loop_file": None, "loop_line": None} if not frames else {})}
-
     def next_interval_s(self) -> float:
         """The wait before the next sample: `interval_s`, longer where the last sample cost more than CPU_BUDGET
         of a core at that rate, at most SLOWEST_RATE intervals."""
@@ -154,9 +147,13 @@ class StackSampler:
     def _moment(self) -> tuple:
         """Where the training thread is, as the row says it: gpuprof at its own work, the step, the phase, the
         evaluation window open and whether it is between that window's calls."""
-        prof, explicit, hooks = self._prof, self._explicit, self._prof.phase_hooks
-        return (prof.bookkeeping, prof.step_index, explicit[-1] if explicit else hooks.current_phase,
-                hooks.evaluation_window, hooks.between_evaluation_calls)
+        prof, hooks = self._prof, self._prof.phase_hooks
+        return (prof.bookkeeping, prof.step_index, self._phase(), hooks.evaluation_window,
+                hooks.between_evaluation_calls)
+
+    def _phase(self) -> str:
+        """The phase the training thread is in: an explicit `prof.phase()` first, else the automatic phases'."""
+        return self._explicit[-1] if self._explicit else self._prof.phase_hooks.current_phase
 
     def flush(self) -> None:
         """Once sampling has stopped: the samples taken are written; those left unsettled were taken after their
@@ -178,6 +175,13 @@ class StackSampler:
         if settled:
             self._prof.writer.write("stacks", [row for _, _, row in self._unsettled[:settled]])
             del self._unsettled[:settled]
+
+
+def _producer_site(code) -> dict:
+    """A batch function's interval, named by that function (its line unknown: it had returned)."""
+    function, filename, line = function_site(ReadFrame(code, None))
+    return {"function": function, "file": filename, "line": line, "running_line": None,
+            "inner_function": function, "inner_file": filename, "inner_line": line}
 
 
 def _entry_and_loop(frames: list, loop_codes) -> tuple:
