@@ -138,7 +138,7 @@ def write(path: Path, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuprof.cli import run_report
-    from gpuprof.cli.report import render_comparison_html
+    from gpuprof.cli.pages import comparison_page
     from gpuprof.report import build_report, compare
 
     comparison = compare(baseline_reports(args.run_a), build_report(args.run_b), pooling=args.baseline)
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         write(args.markdown, markdown(comparison, gate))
     if args.html:
-        write(args.html, render_comparison_html(comparison, gate))
+        write(args.html, comparison_page(comparison, gate))
     if args.json:
         run_report.print_json("compare", comparison.to_dict(args.max_regression_pct if args.gate else None),
                               JSON_SCHEMA_VERSION)

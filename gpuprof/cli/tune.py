@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plain = json_safe(result.to_dict())
     if args.html is not None:
-        args.html.write_text(render_html(plain), encoding="utf-8")
+        from gpuprof.cli.pages import tune_page
+
+        args.html.write_text(tune_page(plain), encoding="utf-8")
     if args.json:
         print_json("tune", plain)
     else:
@@ -101,23 +103,3 @@ def render(result: dict) -> None:
         console.print(result["diff"], markup=False)
     for line in lines["after_diff"]:
         console.print(line, markup=False)
-
-
-def render_html(result: dict) -> str:
-    """The same as the terminal's, as one static HTML page."""
-    import html
-
-    from gpuprof.cli.report import STYLE
-    from gpuprof.report.tuning import TRIAL_HEADERS, diff_title, text_lines, trial_rows
-
-    lines = text_lines(result)
-    paragraphs = lambda texts: "".join(f"<p>{html.escape(text)}</p>" for text in texts)  # noqa: E731
-    head = "".join(f"<th>{html.escape(header)}</th>" for header in TRIAL_HEADERS)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
-                   for row in trial_rows(result))
-    diff = f"<p>{diff_title(result)}</p><pre>{html.escape(result['diff'])}</pre>" if result["diff"] else ""
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>gpuprof tune</title><style>{STYLE}"
-            "table.trials td, table.trials th { padding: 0.2em 1em 0.2em 0; text-align: left; }</style></head><body>"
-            f"<h1>gpuprof tune: {html.escape(result['target'])}</h1>{paragraphs(lines['above'])}"
-            f"<table class='trials'><tr>{head}</tr>{rows}</table>{paragraphs(lines['below'])}{diff}"
-            f"{paragraphs(lines['after_diff'])}</body></html>")

@@ -8,7 +8,7 @@ import re
 from dashboard_helpers import unreadable
 from processes import gpuprof_cli
 
-from gpuprof.cli.report import render_html
+from gpuprof.cli.pages import run_page
 from gpuprof.dashboard.charts import run_panels
 from gpuprof.diagnoses import diagnose
 from gpuprof.report import build_report
@@ -22,10 +22,11 @@ def test_report_holds_findings_and_every_chart(sample_root, tmp_path):
     assert result.returncode == 0, result.stderr
     page = output.read_text()
     run = load_run(sample_root / "slow-data")
+    text = html.unescape(page)
     for finding in diagnose(run):
-        assert html.escape(finding.title) in page
+        assert finding.title in text
     verdict = build_report(sample_root / "slow-data").verdict
-    assert verdict.bound == "input" and page.index(html.escape(verdict.headline)) < page.index("<h2>Diagnoses</h2>")
+    assert verdict.bound == "input" and text.index(verdict.headline) < text.index("<h2>Diagnoses</h2>")
     charts = [panel for panel in run_panels(run, 0) if panel.figure is not None]
     assert page.count('class="plotly-graph-div"') == len(charts)
     assert page.count("* plotly.js v") == 1  # plotly.js embedded once: the file opens offline
@@ -33,7 +34,7 @@ def test_report_holds_findings_and_every_chart(sample_root, tmp_path):
 
 def test_report_shows_a_nan_runs_origin_as_its_fields_under_a_critical_verdict(sample_root):
     report = build_report(sample_root / "nan")
-    page = render_html(report, 0)
+    page = run_page(report, 0)
     assert report.verdict.bound == "numerics" and report.verdict.severity == "critical"
     assert f'class="verdict" style="border-color:{SEVERITY_COLORS["critical"][1]}"' in page
     origin = page[page.index("<td>origin</td>"):].split("</table>")[0]  # its fields, as a table of their own
