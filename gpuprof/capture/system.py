@@ -288,18 +288,16 @@ class SystemSampler:
         if self.interval_s == AUTO_INTERVAL:
             self.interval_s = HOST_INTERVAL_S if reason else DEVICE_INTERVAL_S
         if reason:
-            _say_device_metrics_off(reason)
+            if prof.device.type == "cuda":  # on another device there was nothing to sample: no news to the user
+                _say_device_metrics_off(reason)
             prof.event(EventKind.DEVICE_METRICS_OFF, f"device metrics off: {reason}", reason=reason)
         self.proc_rss_bytes = self._rss.rss_bytes()
 
     def _open_nvml(self, device: torch.device) -> str | None:
         """None when this rank's GPU can be sampled, else why not."""
+        if device.type != "cuda":
+            return f"training on {device.type}"
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            if device.type != "cuda":
-                return f"training on {device.type}"
             self._nvml = NvmlDevice(device)
         except Exception as error:  # noqa: BLE001 - NVMLError, ImportError, OSError: all mean no NVML
             return f"NVML unavailable: {error}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, record_function
@@ -19,6 +20,12 @@ from torch.profiler import ProfilerAction, ProfilerActivity, record_function
 from gpuprof.modules import initialized
 from gpuprof.run.schema import OWN_WORK_RANGE, EventKind
 from gpuprof.torch_compat import private
+
+
+# Kineto prints a line at every profiler start and stop (its "USDT" level, above its errors) into the user's
+# terminal; a window that fails is recorded by gpuprof itself, so kineto stays quiet unless the user asks
+# (KINETO_LOG_LEVEL set). Kineto reads it when the process first profiles.
+KINETO_SILENT_LEVEL = "6"
 
 
 def windows(steps: list[int]) -> list[tuple[int, int]]:
@@ -75,6 +82,7 @@ class TraceCollector:
             self._close(prof)
 
     def _open(self, prof, window: tuple[int, int]) -> None:
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_SILENT_LEVEL)
         activities = [ProfilerActivity.CPU]
         if prof.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)

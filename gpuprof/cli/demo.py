@@ -7,7 +7,6 @@ Each step is another subcommand, so the demo shows exactly what a user would typ
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import subprocess
 import sys
@@ -63,17 +62,10 @@ def run(args: argparse.Namespace) -> int:
     return main(dashboard)
 
 
-# Kineto prints a line at every profiler start and stop (its "USDT" level, above its errors), into the
-# middle of the demo's progress bars; a trace window that fails is recorded by gpuprof itself, so the
-# demo's runs hear nothing from kineto unless the user asks (KINETO_LOG_LEVEL set).
-KINETO_SILENT_LEVEL = "6"
-
-
 def _gpuprof_subprocess(argv: list[str]) -> None:
     """Each training run gets its own process, so its peak memory is its own."""
     _announce(argv)
-    env = {"KINETO_LOG_LEVEL": KINETO_SILENT_LEVEL, **os.environ}
-    returncode = subprocess.call([sys.executable, "-m", "gpuprof", *argv], env=env)
+    returncode = subprocess.call([sys.executable, "-m", "gpuprof", *argv])
     if returncode:
         raise GpuprofError(f"`gpuprof {shlex.join(argv)}` exited with code {returncode}")
 

@@ -1,4 +1,4 @@
-"""The background sampler on a machine without NVML: host samples, and the notice said once."""
+"""The background sampler on a machine without a GPU: host samples, and nothing said of the device it lacks."""
 
 from __future__ import annotations
 
@@ -15,21 +15,11 @@ from gpuprof.errors import GpuprofError
 LOOP = Path(__file__).with_name("capture_loop.py")
 
 
-def _nvml_present() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-@pytest.mark.skipif(_nvml_present(), reason="this test is about a machine without NVML")
-def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path):
+def test_a_loop_on_the_cpu_samples_the_host_and_tells_the_user_nothing_of_device_metrics(tmp_path):
+    """A CPU run has no device to sample: the event says so, the terminal stays the loop's own."""
     result = subprocess.run([sys.executable, str(LOOP), str(tmp_path / "run"), "--steps", "4", "--sleep-s", "0.15",
                              "--runs", "2"], capture_output=True, text=True, timeout=400, check=True)
-    assert result.stderr.count("device metrics off") == 1  # once per process, two runs
+    assert "device metrics off" not in result.stderr and "NVML" not in result.stderr
     for index in (0, 1):
         run = gpuprof.load_run(tmp_path / f"run-{index}")
         system = run.system
@@ -41,7 +31,7 @@ def test_without_nvml_the_host_is_sampled_and_the_notice_is_given_once(tmp_path)
         assert (system["host_mem_used_bytes"] < system["host_mem_total_bytes"]).all()
         assert system["time_unix_s"].is_monotonic_increasing
         notice = run.events[run.events["kind"] == "device_metrics_off"]
-        assert notice["details"].iloc[0]["reason"].startswith("NVML unavailable")
+        assert notice["details"].iloc[0]["reason"] == "training on cpu"
 
 
 def test_an_explicit_sample_interval_is_kept(tmp_path):
