@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     summary, findings = report.summary, report.findings
     lines = [*run_report.verdict_lines(report.verdict), *run_report.stopped_lines(report), *run_report.summary_lines(summary),
-             *run_report.hotspot_lines(report.hotspots), *run_report.per_rank_lines(summary)]
+             *run_report.hotspot_lines(report), *run_report.per_rank_lines(report)]
     lines.append(f"Findings ({len(findings)}), worth the most first:" if findings else "No findings.")
     print("\n".join(lines + run_report.finding_lines(findings)))
     return 0

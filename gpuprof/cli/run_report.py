@@ -22,15 +22,13 @@ def verdict_lines(verdict) -> list[str]:
 
 def stopped_lines(report) -> list[str]:
     """The ranks that never finished and the hangs the watchdog recorded (none for a run that finished)."""
-    from gpuprof.analysis.run.ranks import never_finished, outcome_text
-
     lines = []
-    stopped = never_finished(report.rank_outcomes) if not report.rank_outcomes.empty else report.rank_outcomes
+    stopped = report.stopped_ranks
     if not stopped.empty:
         lines.append(f"  ranks       {len(stopped)} of {len(report.rank_outcomes)} never finished:")
-        lines += [f"              {outcome_text(row)}" for row in stopped.head(PER_RANK_LINES_MAX).to_dict(orient="records")]
-    hangs = report.hangs[~report.hangs["ended"]] if not report.hangs.empty else report.hangs
-    for row in hangs.drop_duplicates("message").head(PER_RANK_LINES_MAX).to_dict(orient="records"):
+        lines += [f"              {described}" for described in stopped["described"].head(PER_RANK_LINES_MAX)]
+    hangs = report.distinct_hangs
+    for row in hangs[~hangs["ended"]].head(PER_RANK_LINES_MAX).to_dict(orient="records") if not hangs.empty else []:
         lines.append(f"  hang        step {row['step']:.0f}, seen by rank {row['rank']}: {row['message']}")
     return lines
 
@@ -79,13 +77,10 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
             f"{figure(evaluation['share_pct'], '%')} of the run's time (not in the phases above)"]
 
 
-def hotspot_lines(hotspots) -> list[str]:
+def hotspot_lines(report) -> list[str]:
     """The user's functions holding the time outside the model, per phase (from the stack samples)."""
-    from gpuprof.analysis.run.hotspots import OUTSIDE_MODEL, top_sites
-
     lines = []
-    for phase in OUTSIDE_MODEL:
-        rows = top_sites(hotspots, phase)
+    for phase, rows in report.outside_model_sites.items():
         named = ", ".join(f"{figure(share, '%')} in {label}" for share, label in zip(rows["share_pct"], rows["label"]))
         if named:
             lines.append(f"  {phase + ' in':<11} {named}")
@@ -99,14 +94,13 @@ def _missing_lines(missing: list[int]) -> list[str]:
             f"{rank_list(missing)}"]
 
 
-def per_rank_lines(summary) -> list[str]:
-    from gpuprof.analysis.run.summary import slowest_ranks
-
+def per_rank_lines(report) -> list[str]:
+    summary = report.summary
     table = summary.per_rank
     if table.empty or len(table) < 2:
         return []
     if len(table) > PER_RANK_LINES_MAX:  # the slowest first
-        order = slowest_ranks(table, PER_RANK_LINES_MAX)["rank"]
+        order = report.ranks_by_slowness["rank"].head(PER_RANK_LINES_MAX)
         table = summary.per_rank.set_index("rank").loc[order].reset_index()
     lines = ["  per rank    rank  step p50   data p50   forward p50  backward p50  tokens/s"]
     for row in table.to_dict(orient="records"):

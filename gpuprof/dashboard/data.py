@@ -17,14 +17,13 @@ from pathlib import Path
 
 import streamlit as st
 
-from gpuprof.analysis.memory_snapshot import MemorySnapshot, read_snapshot
 from gpuprof.dashboard import DEFAULT_REFRESH_S, MIN_REFRESH_S, REFRESH_ENV, RUNS_DIR_ENV, default_runs_dir
 from gpuprof.errors import GpuprofError
 from gpuprof.report import Report, build_report
+from gpuprof.report.memory import MemorySnapshot, read_snapshot, snapshot_files
 from gpuprof.report.trace_report import TraceReport, build_trace_report, trace_folder_report
 from gpuprof.run.reader import find_run_dirs, find_trace_dirs
-from gpuprof.run.schema import EventKind
-from gpuprof.tune.tuning import RESULT_FILE, read_result
+from gpuprof.run.tune_result import RESULT_FILE, read_result
 
 # A run whose files have not changed for this long is no longer refreshed as live.
 STALLED_AFTER_S = 120.0
@@ -223,10 +222,7 @@ def uploaded_trace_report(file: str, file_signature: tuple) -> TraceReport:
 @st.cache_data(show_spinner=False, max_entries=16)
 def memory_snapshots(path: str, run_signature: tuple) -> dict[Path, bool]:
     """The run's CUDA memory snapshot files, each with whether an `oom` event names it (else the loop took it)."""
-    run = _run(path)
-    named = run.events.loc[run.events["kind"] == EventKind.OOM, "details"]
-    on_oom = {run.path / details["snapshot"] for details in named if isinstance(details, dict) and "snapshot" in details}
-    return {file: file in on_oom for file in run.snapshot_files}
+    return snapshot_files(_run(path))
 
 
 @st.cache_data(show_spinner="Reading the snapshot…", max_entries=8)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NOT_REPRODUCED = "not reproduced: "  # how a note giving the reason for no blame starts
+EVALUATION_TRIGGER = "evaluation"  # a Blame's trigger, and its bundle's loss kind (replayed with evaluation_loss)
 
 
 @dataclass

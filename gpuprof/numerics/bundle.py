@@ -16,8 +16,10 @@ Layout (format "gpuprof-numerics-bundle", version 1):
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +33,9 @@ from gpuprof.validation import misfit
 
 FORMAT = "gpuprof-numerics-bundle"
 FORMAT_VERSION = 1
+# torch.save writes a zip archive of one folder holding the pickle (and its tensors): every bundle is one.
+TORCH_SAVE_PICKLE = "/data.pkl"
+SNIFFED_BYTES = 1 << 20  # enough to tell a JSON document or text from a binary file
 
 
 class BundleError(GpuprofError):
@@ -86,8 +91,9 @@ def save(path: Path, contents: dict[str, Any]) -> Path:
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """The bundle's contents; BundleError (one line) for anything else."""
     path = Path(path)
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist")
+    problem = not_a_bundle(path)
+    if problem is not None:
+        raise BundleError(problem)
     try:
         contents = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -97,6 +103,47 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise BundleError(f"{path} is not a replay bundle ({type(error).__name__}: {error})") from None
     _check(path, contents)
     return _with_defaults(_with_defaults(contents, Bundle), Inputs, "inputs")
+
+
+def not_a_bundle(path: Path) -> str | None:
+    """Why `path` cannot be a replay bundle, in one line, seen before torch reads it (torch's own errors speak of
+    its internals: "pop from empty list"); None where it may be one."""
+    if path.is_dir():
+        bundles = sorted(path.glob("numerics/*.pt")) or sorted(path.glob("*.pt"))
+        return f"{path} is a folder, not a replay bundle" + (f"; the bundles in it: {', '.join(map(str, bundles[:3]))}"
+                                                              + (" ..." if len(bundles) > 3 else "") if bundles else "")
+    if not path.is_file():
+        return f"{path} does not exist"
+    if path.stat().st_size == 0:
+        return f"{path} is empty, not a replay bundle"
+    if _torch_saved(path):
+        return None
+    return (f"{path} is not a replay bundle but {_what_it_holds(path)}: a bundle is the file gpuprof saved with "
+            "torch.save when a step went non-finite (RUN/numerics/step-N-rank-R.pt)")
+
+
+def _torch_saved(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith(TORCH_SAVE_PICKLE) for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _what_it_holds(path: Path) -> str:
+    if zipfile.is_zipfile(path):
+        return "a zip archive of other files"
+    with open(path, "rb") as handle:
+        head = handle.read(SNIFFED_BYTES)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "a binary file of another kind"
+    try:
+        json.loads(text)
+        return "a JSON document"
+    except ValueError:
+        return "a text file"
 
 
 def _check(path: Path, contents: Any) -> None:

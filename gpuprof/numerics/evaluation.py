@@ -22,7 +22,6 @@ from gpuprof.numerics.state import rng_states
 from gpuprof.numerics.tape import FORWARD_ARGS, FORWARD_KWARGS, autocast_now
 from gpuprof.torch_compat import tree_flatten
 
-EVALUATION_TRIGGER = "evaluation"  # a Blame's trigger, and its bundle's loss kind (replayed with evaluation_loss)
 UNREAD_LIMIT = 32  # evaluation forwards kept unread on an accelerator (a sampling loop calls the model per token)
 
 

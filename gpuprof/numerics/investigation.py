@@ -15,9 +15,9 @@ import torch
 
 from gpuprof.modules import eager_model, is_sharded
 from gpuprof.numerics import bundle, construction
-from gpuprof.numerics.blame import NOT_REPRODUCED, Blame, at_the_update
+from gpuprof.numerics.blame import EVALUATION_TRIGGER, NOT_REPRODUCED, Blame, at_the_update
 from gpuprof.numerics.detectors import PERSISTENT_OVERFLOW_STEPS, nonfinite_update, oversized_update
-from gpuprof.numerics.evaluation import EVALUATION_TRIGGER, Evaluation, evaluation_loss
+from gpuprof.numerics.evaluation import Evaluation, evaluation_loss
 from gpuprof.numerics.forensics import default_loss, load_state, private_copy, reenact
 from gpuprof.numerics.keeping import StepKeeping
 from gpuprof.numerics.state import StepInputs

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import torch
 
 from gpuprof.numerics import bundle, construction
-from gpuprof.numerics.blame import Blame, at_the_update
+from gpuprof.numerics.blame import EVALUATION_TRIGGER, Blame, at_the_update
 from gpuprof.numerics.bundle import BundleError
-from gpuprof.numerics.evaluation import EVALUATION_TRIGGER, evaluation_loss
+from gpuprof.numerics.evaluation import evaluation_loss
 from gpuprof.numerics.forensics import LossFn, default_loss, reenact
 from gpuprof.numerics.state import StepInputs
 from gpuprof.numerics.tape import TapeError, decode_micro_batch

@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import pandas as pd
 
 from gpuprof.analysis.run.host_load import HostLoad
-from gpuprof.analysis.run.summary import RunSummary
+from gpuprof.analysis.run.hotspots import OUTSIDE_MODEL, top_sites
+from gpuprof.analysis.run.ranks import never_finished, outcome_text
+from gpuprof.analysis.run.summary import RunSummary, slowest_ranks
 from gpuprof.analysis.trace import TraceAnalysis
 from gpuprof.analysis.trace.ranks import analysis_tables
 from gpuprof.analysis.trace.tables import TABLE_NAMES
@@ -90,6 +92,27 @@ class Report:
     @property
     def meta(self) -> dict:
         return self.run.meta
+
+    @cached_property
+    def stopped_ranks(self) -> pd.DataFrame:
+        """The rows of `rank_outcomes` whose rank failed or was killed, each described in words (`described`)."""
+        stopped = never_finished(self.rank_outcomes) if not self.rank_outcomes.empty else self.rank_outcomes
+        return stopped.assign(described=[outcome_text(row) for row in stopped.to_dict(orient="records")])
+
+    @cached_property
+    def distinct_hangs(self) -> pd.DataFrame:
+        """The watchdog's `hang` events, one per message (every rank writes the same hang)."""
+        return self.hangs.drop_duplicates("message") if not self.hangs.empty else self.hangs
+
+    @cached_property
+    def ranks_by_slowness(self) -> pd.DataFrame:
+        """Every rank, the straggler first, against the median rank (`slowest_ranks`)."""
+        return slowest_ranks(self.summary.per_rank, len(self.summary.per_rank))
+
+    @cached_property
+    def outside_model_sites(self) -> dict[str, pd.DataFrame]:
+        """For the phases outside the model (data, eval, other): the user's functions holding their time."""
+        return {phase: top_sites(self.hotspots, phase) for phase in OUTSIDE_MODEL}
 
     def findings_in(self, category: str) -> list[Finding]:
         return [finding for finding in self.findings if finding.category == category]

@@ -10,10 +10,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_TITLES, VIEW_NEEDS
+from gpuprof.analysis.trace.tables import LAST_STEP_LEFT_OUT, TABLE_TITLES, VIEW_NEEDS, missing_note, missing_views
 from gpuprof.report.format import MISSING, figure, fmt, table_number
 from gpuprof.report.frames import FrameView, shown_values
 from gpuprof.run.jsonable import json_safe
+
+# The trace tables' titles and what each view needs come from the analyzer; presenters read them here.
+__all__ = [
+    "TABLE_TITLES", "VIEW_NEEDS", "missing_note", "missing_views", "TableView", "short_name", "cell",
+    "plain_view", "diff_view", "steps_view", "syncs_view", "idle_view", "table_views", "overview_lines",
+    "label_unit", "frame_view", "empty_tables_note", "empty_table_note", "steps_notes", "steps_note",
+    "NAME_WIDTH", "VERBATIM_WIDTH", "VERBATIM_COLUMNS", "NOT_A_TEXT_TABLE", "OP_FIGURES", "KERNEL_FIELDS",
+    "COLUMNS", "DEVICE_TABLES", "DIFF_TITLE", "SPECIAL_VIEWS", "NO_STEP_MARKERS",
+]
 
 NAME_WIDTH = 70
 VERBATIM_WIDTH = 120

@@ -16,7 +16,6 @@ The result is left in the folder as RESULT_FILE (its plain form), for the dashbo
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from gpuprof.analysis.run.stats import Interval, TooFewStepsError, mean_interval
 from gpuprof.diagnoses.knob import all_knobs, knobs_of
 from gpuprof.errors import GpuprofError
 from gpuprof.run.jsonable import json_safe
+from gpuprof.run.tune_result import RESULT_FILE
 from gpuprof.run.writer import write_json_atomic
 from gpuprof.tune.edits import diff_of
 from gpuprof.tune.trials import (
@@ -44,10 +44,6 @@ BUDGET_MIN_S = 120.0
 CLAIM_FILE = "tune.world"
 CLAIM_WAIT_S = 120.0
 CLAIM_CLOCK_SLACK_S = 2.0
-RESULT_FILE = "tune.json"
-# What every reader of a RESULT_FILE relies on (gpuprof.report.tuning).
-RESULT_KEYS = {"target": str, "out_dir": str, "conclusion": str, "baseline": dict, "trials": list, "by_hand": list,
-               "notes": list, "diff": str, "diff_notes": list}
 # An estimate that misses the measured saving by more than this factor is called out (docs/rules.md).
 ESTIMATE_MISS_FACTOR = 2.0
 
@@ -120,18 +116,6 @@ def tune(target, out_dir, *, steps: int | None = None, only: list[str] | None = 
     _conclude(target, result)
     if os.environ.get("RANK", "0") == "0":  # whole or absent: the dashboard may read it at any time
         write_json_atomic(out / RESULT_FILE, json_safe(result.to_dict()))
-    return result
-
-
-def read_result(path: Path) -> dict:
-    """A RESULT_FILE's plain form; GpuprofError, saying why, for one that is not tune's."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise GpuprofError(f"{path} cannot be read as a tune result: {error}") from None
-    wrong = [key for key, kind in RESULT_KEYS.items() if not isinstance(result, dict) or not isinstance(result.get(key), kind)]
-    if wrong:
-        raise GpuprofError(f"{path} is not a tune result: {', '.join(wrong)} missing or of the wrong type")
     return result
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from cli.cli_helpers import refused_line
 
-from gpuprof.cli.replay import not_a_bundle
+from gpuprof.numerics.bundle import not_a_bundle
 
 BUNDLE_IS = "a bundle is the file gpuprof saved with torch.save when a step went non-finite"
 

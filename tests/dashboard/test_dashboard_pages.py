@@ -21,7 +21,7 @@ from gpuprof.run.reader import load_run
 from gpuprof.report.tuning import TRIAL_HEADERS, trial_label
 from gpuprof.run.schema import NUMERICS_DIR, EventKind
 from gpuprof.units import bytes_text
-from gpuprof.tune.tuning import read_result
+from gpuprof.run.tune_result import read_result
 
 
 def test_runs_page_lists_every_run_with_its_figures(sample_root, open_page):

@@ -16,7 +16,7 @@ from tune_cli import HERE, TUNE_TIMEOUT_S, gpuprof_tune, trials_of
 
 import gpuprof
 from gpuprof.tune.edits import apply_edits
-from gpuprof.tune.tuning import RESULT_FILE, read_result
+from gpuprof.run.tune_result import RESULT_FILE, read_result
 
 
 @pytest.mark.slow

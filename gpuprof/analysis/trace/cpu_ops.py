@@ -16,7 +16,7 @@ import pandas as pd
 from gpuprof.analysis.trace import nesting
 from gpuprof.analysis.trace.classify import matches
 from gpuprof.analysis.trace.events import device_events
-from gpuprof.analysis.trace.loader import RankTrace, Trace
+from gpuprof.analysis.trace.loader import RankTrace
 
 TREE_KINDS = ("cpu_op", "runtime", "python_function")
 TREE_COLUMNS = ["ts_us", "end_us", "dur_us", "ts_frac_ns", "end_frac_ns", "name", "pid", "tid", "kind", "correlation",

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gpuprof.analysis.run.ranks import never_finished
-from gpuprof.analysis.run.summary import slowest_ranks
-from gpuprof.analysis.trace.tables import TABLE_TITLES
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import rank_phase_panel
 from gpuprof.dashboard.views.common import (
@@ -15,7 +12,7 @@ from gpuprof.dashboard.views.common import (
 )
 from gpuprof.report.format import rank_list
 from gpuprof.report.frames import units_view
-from gpuprof.report.trace_views import empty_table_note, frame_view
+from gpuprof.report.trace_views import TABLE_TITLES, empty_table_note, frame_view
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 SLOWEST_SHOWN = 10
@@ -43,7 +40,7 @@ def render(root, entries, selected) -> None:
                    f"{rank_list(summary.missing_ranks)}.")
     st.subheader("Stragglers and communication")
     show_findings(entry.report.findings_in("communication"))
-    slowest = slowest_ranks(summary.per_rank, SLOWEST_SHOWN)
+    slowest = entry.report.ranks_by_slowness.head(SLOWEST_SHOWN)
     with section("Slowest ranks"):
         st.subheader("Slowest ranks")
         st.caption("Ranked by own work per step (the phases outside DDP's all-reduce), against the median rank.")
@@ -75,13 +72,13 @@ def show_stops(entry) -> bool:
     """Hangs, ranks that never finished, and every rank's heartbeats over time, first: a stopped run's
     speed is not the question. False (nothing shown) for a run that neither hung nor lost a rank."""
     report = entry.report
-    stopped = never_finished(report.rank_outcomes) if not report.rank_outcomes.empty else report.rank_outcomes
+    stopped = report.stopped_ranks
     if report.hangs.empty and stopped.empty:
         return False
     with section("Hangs and ranks"):
         st.subheader("Hangs and ranks")
         show_findings(report.findings_in("failure"))
-        for number, row in enumerate(report.hangs.drop_duplicates("message").to_dict(orient="records")):
+        for number, row in enumerate(report.distinct_hangs.to_dict(orient="records")):
             text = f"**Step {row['step']}, seen by rank {row['rank']}**: {row['message']}"
             if row["ended"]:
                 st.success(f"{text} (it went on later)")

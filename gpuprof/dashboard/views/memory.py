@@ -9,8 +9,6 @@ from pathlib import Path
 import plotly.graph_objects as go
 import streamlit as st
 
-from gpuprof.analysis.memory_snapshot import MemorySnapshot
-from gpuprof.analysis.trace.tables import TABLE_TITLES, missing_note, missing_views
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import CHART_TEMPLATE, LEGEND_ABOVE, NUMBER_FORMAT, trace_memory_panel
 from gpuprof.dashboard.downsample import lttb
@@ -19,7 +17,8 @@ from gpuprof.report import format as formatting
 from gpuprof.report.format import GIB
 from gpuprof.report.frames import units_view
 from gpuprof.report.page_views import snapshot_hint
-from gpuprof.report.trace_views import frame_view
+from gpuprof.report.memory import MemorySnapshot
+from gpuprof.report.trace_views import TABLE_TITLES, frame_view, missing_note, missing_views
 
 PAGE = "Memory"
 HISTORY_HINT = ("This snapshot holds no allocation history, only what was live when it was taken: pass "

@@ -11,12 +11,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gpuprof.analysis.trace.loader import Trace, load_trace
-from gpuprof.analysis.trace.timeline import StepTimeline, step_timeline, trace_steps
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import CHART_TEMPLATE, LEGEND_ABOVE, PHASE_COLORS
 from gpuprof.dashboard.views.common import need_runs, section, show_frame
 from gpuprof.report.frames import units_view
+from gpuprof.report.timeline import StepTimeline, WindowTimelines
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 PAGE = "Timeline"
@@ -40,14 +39,14 @@ def step_links(run: str, window: str, step_breakdown: pd.DataFrame) -> None:
 
 
 @st.cache_resource(show_spinner="Reading the trace…", max_entries=2)
-def _trace(files: tuple[str, ...], file_signature: tuple) -> Trace:
+def _window(files: tuple[str, ...], file_signature: tuple) -> WindowTimelines:
     # One loaded trace serves every step and rank picked: not copied per rerun, as cache_data would.
-    return load_trace(list(files))
+    return WindowTimelines(list(files))
 
 
 @st.cache_data(show_spinner="Drawing the step…", max_entries=32)
 def _timeline(files: tuple[str, ...], file_signature: tuple, step: int, rank: int) -> StepTimeline:
-    return step_timeline(_trace(files, file_signature), step, rank)
+    return _window(files, file_signature).step(step, rank)
 
 
 def _url_choice(label: str, options: list, param: str, key: str):
@@ -123,7 +122,7 @@ def render(root, entries, selected) -> None:
     if files is not None:
         with section("Timeline"):
             names, signature = tuple(map(str, files)), data.file_signature(files)
-            trace = _trace(names, signature)
-            rank = _url_choice("Rank", list(trace.ranks), "rank", "timeline_rank")
-            step = _url_choice("Step", trace_steps(trace, rank), "step", "timeline_step")
+            window = _window(names, signature)
+            rank = _url_choice("Rank", window.ranks, "rank", "timeline_rank")
+            step = _url_choice("Step", window.steps(rank), "step", "timeline_step")
             show(_timeline(names, signature, step, rank))

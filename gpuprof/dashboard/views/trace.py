@@ -9,7 +9,6 @@ from pathlib import Path
 
 import streamlit as st
 
-from gpuprof.analysis.trace.tables import TABLE_TITLES, VIEW_NEEDS, missing_note, missing_views
 from gpuprof.dashboard import data
 from gpuprof.dashboard.charts import kernel_types_panel, top_kernels_panel, trace_memory_panel, trace_steps_panel
 from gpuprof.dashboard.views import timeline
@@ -17,7 +16,9 @@ from gpuprof.dashboard.views.common import section, show_findings, show_frame, s
 from gpuprof.errors import GpuprofError
 from gpuprof.report import TraceWindow
 from gpuprof.report.page_views import upload_error
-from gpuprof.report.trace_views import empty_tables_note, frame_view, steps_note
+from gpuprof.report.trace_views import (
+    TABLE_TITLES, VIEW_NEEDS, empty_tables_note, frame_view, missing_note, missing_views, steps_note,
+)
 from gpuprof.report.verdict import HOW_TO_RECORD
 
 UPLOAD = "A trace file I upload"

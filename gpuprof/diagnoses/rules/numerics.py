@@ -12,9 +12,8 @@ import pandas as pd
 from gpuprof.analysis.run.summary import column, flag
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.registry import rule
-from gpuprof.numerics.blame import Blame
+from gpuprof.numerics.blame import EVALUATION_TRIGGER, Blame
 from gpuprof.numerics.detectors import ScalerTimeline
-from gpuprof.numerics.evaluation import EVALUATION_TRIGGER
 from gpuprof.run import query as q
 from gpuprof.run.schema import BLAME_PHASES, EventKind, bundle_in_run, source_text
 
