@@ -55,7 +55,7 @@ def provenance(command: list[str]) -> list[str]:
     return [
         f"command: {shlex.join(command)}",
         f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-        f"commit: {git('rev-parse', '--short', 'HEAD')}{' (with uncommitted changes)' if git('status', '--porcelain') else ''}",
+        f"commit: {git('rev-parse', '--short', 'HEAD')}{' (with uncommitted changes)' if git('status', '--porcelain', '--untracked-files=no') else ''}",
         f"machine: {cpu_model()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.1f} GiB, {gpu_text()}",
         f"python: {platform.python_version()}",
         f"load average before: {load_text()}",
