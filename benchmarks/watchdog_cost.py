@@ -46,7 +46,7 @@ def ddp_backward_us(ddp: bool, hooked: bool, repeats: int) -> float:
         from types import SimpleNamespace
 
         from gpuprof.capture.collector import CollectorSet
-        from gpuprof.capture.distributed import DdpCollector
+        from gpuprof.capture.ddp import DdpCollector
 
         collector, host = DdpCollector(model), SimpleNamespace(collectors=CollectorSet(print), bookkeeping=False)
         host.collectors.add(collector)

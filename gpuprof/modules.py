@@ -51,6 +51,12 @@ def initialized() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def distributed_facts() -> dict:
+    if not initialized():
+        return {}
+    return {"backend": str(torch.distributed.get_backend()), "world_size": torch.distributed.get_world_size()}
+
+
 @functools.cache
 def _dtensor_class() -> type | None:
     if not torch.distributed.is_available():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from gpuprof.capture.distributed import DdpCollector, FsdpCollector
+from gpuprof.capture.ddp import DdpCollector
+from gpuprof.capture.fsdp import FsdpCollector
 from gpuprof.capture.gradients import GradientCollector
 from gpuprof.capture.loopfacts import LoopFacts
 from gpuprof.capture.memory import MemoryCollector

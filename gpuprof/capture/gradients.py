@@ -41,7 +41,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from gpuprof.capture import clipping
-from gpuprof.capture.distributed import ShardReduction
+from gpuprof.capture.fsdp import ShardReduction
 from gpuprof.capture.pending import all_finite, read_if_host
 from gpuprof.capture.trace import own_work
 from gpuprof.blocks import block_groups, combined_norm

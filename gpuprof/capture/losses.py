@@ -16,7 +16,8 @@ no loss the loop runs (none at all, or only `torch.autograd.grad`) records no lo
 report shows as n/a. gpuprof's own backward passes (the forensic re-run of a bad step) run while
 the listener is `paused()`: they are not the loop's, and would add the bad step's loss to the next.
 The same wrapper tells `watch_starts` callbacks that a backward() call begins (the automatic phases'
-backward start, gpuprof.capture.phases).
+backward start, gpuprof.capture.phases). A loss the loop passes itself (`prof.step(loss=...)`), in whatever
+form, becomes the one value the steps file takes in `one_loss`.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import numbers
 import weakref
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
+from gpuprof.capture.pending import read_if_host
 from gpuprof.torch_compat import private, run_eagerly
 
 logger = logging.getLogger("gpuprof")
@@ -79,6 +82,38 @@ class BackwardLosses:
             return
         self._sum = loss if self._sum is None else self._sum + loss
         self.count += 1
+
+
+def one_loss(loss: Any) -> torch.Tensor | float | None:
+    """The step's loss as the one value the steps file and the non-finite flags take: a tensor of several
+    elements (a loss per term, or per sample) and a dict, list or tuple of losses count as their float32
+    sum, non-finite when any term is; a one-element tensor as a 0-d one; a model output by its `.loss`.
+    None for what holds no number. A device tensor stays on the device (no sync)."""
+    if loss is None:
+        return None  # no loss besides the given one, most steps: before the Mapping and Real checks (ABCs')
+    if isinstance(loss, torch.Tensor):
+        return _one_tensor_loss(loss)
+    if hasattr(loss, "loss"):
+        loss = loss.loss  # a Hugging Face ModelOutput is a Mapping of logits too: its loss is the loss
+    if isinstance(loss, Mapping):
+        loss = list(loss.values())
+    if isinstance(loss, (list, tuple)):
+        terms = [term.float() if isinstance(term, torch.Tensor) else term
+                 for term in map(one_loss, loss) if term is not None]
+        return read_if_host(sum(terms[1:], terms[0])) if terms else None
+    if isinstance(loss, torch.Tensor):
+        return _one_tensor_loss(loss)
+    if isinstance(loss, numbers.Real):
+        return float(loss)
+    return None
+
+
+def _one_tensor_loss(loss: torch.Tensor) -> torch.Tensor | float:
+    if loss.numel() != 1:
+        return read_if_host(loss.detach().float().sum())
+    if loss.is_cpu:
+        return loss.item()  # the loss a loop passes, every step: one op, not three
+    return loss.detach() if loss.dim() == 0 else loss.detach().reshape(())
 
 
 class _Scaled:

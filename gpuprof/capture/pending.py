@@ -10,7 +10,6 @@ and calls the callables (e.g. CUDA-event timings). CPU tensors are read at once 
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Mapping
 
 import torch
@@ -29,38 +28,6 @@ def _to_python(values: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> A
 def all_finite(value: float | None) -> bool | None:
     """Whether a resolved value is finite; None when there is none."""
     return None if value is None else math.isfinite(value)
-
-
-def one_loss(loss: Any) -> torch.Tensor | float | None:
-    """The step's loss as the one value the steps file and the non-finite flags take: a tensor of several
-    elements (a loss per term, or per sample) and a dict, list or tuple of losses count as their float32
-    sum, non-finite when any term is; a one-element tensor as a 0-d one; a model output by its `.loss`.
-    None for what holds no number. A device tensor stays on the device (no sync)."""
-    if loss is None:
-        return None  # no loss besides the given one, most steps: before the Mapping and Real checks (ABCs')
-    if isinstance(loss, torch.Tensor):
-        return _one_tensor_loss(loss)
-    if hasattr(loss, "loss"):
-        loss = loss.loss  # a Hugging Face ModelOutput is a Mapping of logits too: its loss is the loss
-    if isinstance(loss, Mapping):
-        loss = list(loss.values())
-    if isinstance(loss, (list, tuple)):
-        terms = [term.float() if isinstance(term, torch.Tensor) else term
-                 for term in map(one_loss, loss) if term is not None]
-        return read_if_host(sum(terms[1:], terms[0])) if terms else None
-    if isinstance(loss, torch.Tensor):
-        return _one_tensor_loss(loss)
-    if isinstance(loss, numbers.Real):
-        return float(loss)
-    return None
-
-
-def _one_tensor_loss(loss: torch.Tensor) -> torch.Tensor | float:
-    if loss.numel() != 1:
-        return read_if_host(loss.detach().float().sum())
-    if loss.is_cpu:
-        return loss.item()  # the loss a loop passes, every step: one op, not three
-    return loss.detach() if loss.dim() == 0 else loss.detach().reshape(())
 
 
 def read_if_host(value: Any) -> Any:

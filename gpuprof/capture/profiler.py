@@ -32,10 +32,10 @@ from gpuprof.capture import environment, oom
 from gpuprof.capture.backward import BackwardWatcher
 from gpuprof.capture.builtin import builtin_collectors
 from gpuprof.capture.collector import CollectorSet, StepState
-from gpuprof.capture.losses import BackwardLosses
+from gpuprof.capture.losses import BackwardLosses, one_loss
 from gpuprof.capture.modelinfo import ModelInfo
 from gpuprof.capture.options import CaptureOptions
-from gpuprof.capture.pending import PendingRecord, all_finite, one_loss
+from gpuprof.capture.pending import PendingRecord, all_finite
 from gpuprof.capture.phases import PhaseHooks
 from gpuprof.capture.stack_sampler import STACK_INTERVAL_S
 from gpuprof.capture.system import AUTO_INTERVAL

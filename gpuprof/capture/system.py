@@ -1,7 +1,7 @@
-"""Background sampling of the device (NVML) and the host (psutil) at a fixed rate.
+"""Background sampling of the device (NVML, `nvml.py`) and the host (psutil, `host_cpu.py`) at a fixed rate.
 
 Each rank samples only its own GPU. Without NVML (no GPU, no driver, a CPU run) only the
-host is sampled and the log says once per process that device metrics are off. An NVML
+host is sampled; a CUDA run's log says once per process that device metrics are off. An NVML
 call failing mid-run switches device sampling off (logged once, an event); host sampling
 goes on. Hopper GPM metrics (SM / tensor / DRAM activity) are read where supported.
 """
@@ -9,30 +9,21 @@ goes on. Hopper GPM metrics (SM / tensor / DRAM activity) are read where support
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
 import psutil
 import torch
 
+from gpuprof.capture.host_cpu import JobCpu, LoopCpuWait
 from gpuprof.capture.memory import RssReader
+from gpuprof.capture.nvml import NvmlDevice
 from gpuprof.capture.stack_sampler import StackSampler
 from gpuprof.run.schema import EventKind
 
 logger = logging.getLogger("gpuprof")
 
 _notice_given = False
-
-THROTTLE_REASONS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
-}
-
-
-def throttle_reason_names(mask: int) -> list[str]:
-    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
 
 def _say_device_metrics_off(reason: str) -> None:
@@ -42,212 +33,11 @@ def _say_device_metrics_off(reason: str) -> None:
         logger.warning("gpuprof: device metrics off (%s); sampling the host only", reason)
 
 
-class NvmlDevice:
-    """NVML readings of one GPU; construction raises when NVML or the device is unavailable."""
-
-    def __init__(self, device: torch.device):
-        import pynvml
-
-        self._nvml = pynvml
-        pynvml.nvmlInit()
-        self.driver = pynvml.nvmlSystemGetDriverVersion()
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
-        self.handle = self._handle_for(self.index)
-        self._gpm_samples = self._gpm_setup()
-
-    def _handle_for(self, index: int):
-        """By UUID, since NVML's indices ignore CUDA_VISIBLE_DEVICES; by index if that fails."""
-        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
-        if uuid:
-            try:
-                return self._nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            except Exception:  # noqa: BLE001 - an unexpected UUID form: fall back to the index
-                pass
-        return self._nvml.nvmlDeviceGetHandleByIndex(index)
-
-    def _gpm_setup(self):
-        try:
-            if not self._nvml.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice:
-                return None
-            samples = [self._nvml.nvmlGpmSampleAlloc(), self._nvml.nvmlGpmSampleAlloc()]
-            self._nvml.nvmlGpmSampleGet(self.handle, samples[0])
-            return samples
-        except (self._nvml.NVMLError, AttributeError):
-            return None
-
-    def read(self) -> dict:
-        nvml, handle = self._nvml, self.handle
-        util = nvml.nvmlDeviceGetUtilizationRates(handle)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        row = {
-            "device_index": self.index,
-            "gpu_util_pct": util.gpu,
-            "mem_util_pct": util.memory,
-            "mem_used_bytes": memory.used,
-            "mem_total_bytes": memory.total,
-            "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-            "temp_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
-            "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
-            "throttle_reasons": self._throttle_reasons(),
-            "pcie_tx_bytes_per_s": self._optional(self._pcie_bytes_per_s, nvml.NVML_PCIE_UTIL_TX_BYTES),
-            "pcie_rx_bytes_per_s": self._optional(self._pcie_bytes_per_s, nvml.NVML_PCIE_UTIL_RX_BYTES),
-        }
-        row.update(self._optional(self._read_gpm) or {})
-        return row
-
-    def _optional(self, read, *args):
-        """A reading some GPUs or drivers do not support: None rather than losing the whole sample."""
-        try:
-            return read(*args)
-        except self._nvml.NVMLError:
-            return None
-
-    def _pcie_bytes_per_s(self, counter: int) -> int:
-        return self._nvml.nvmlDeviceGetPcieThroughput(self.handle, counter) * 1024  # NVML reports KB/s
-
-    def _throttle_reasons(self) -> list[str] | None:
-        read = getattr(self._nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        mask = self._optional(read, self.handle) if read else None
-        if mask is None:
-            mask = self._optional(self._nvml.nvmlDeviceGetCurrentClocksThrottleReasons, self.handle)
-        return throttle_reason_names(mask) if mask is not None else None
-
-    def _read_gpm(self) -> dict:
-        if self._gpm_samples is None:
-            return {}
-        nvml = self._nvml
-        first, second = self._gpm_samples
-        nvml.nvmlGpmSampleGet(self.handle, second)
-        request = nvml.c_nvmlGpmMetricsGet_t()
-        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.sample1, request.sample2 = first, second
-        metric_ids = (nvml.NVML_GPM_METRIC_SM_UTIL, nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
-        request.numMetrics = len(metric_ids)
-        for slot, metric_id in enumerate(metric_ids):
-            request.metrics[slot].metricId = metric_id
-        nvml.nvmlGpmMetricsGet(request)
-        self._gpm_samples = [second, first]
-        values = [m.value if m.nvmlReturn == nvml.NVML_SUCCESS else None for m in request.metrics[: len(metric_ids)]]
-        return dict(zip(("sm_active_pct", "tensor_active_pct", "dram_active_pct"), values))
-
-
 AUTO_INTERVAL = "auto"
 DEVICE_INTERVAL_S = 0.1
 # The host alone changes slowly, and on a small machine every wake-up of this thread takes a core
 # from the training threads: about 70 us a step at 10 Hz on a 2-core CPU (benchmarks/overhead.py).
 HOST_INTERVAL_S = 1.0
-
-
-class JobCpu:
-    """The CPU used by the run's own processes on this host between two readings, in percent of all the
-    host's CPUs: host_cpu_pct's scale, so that host_cpu_pct minus this is what other processes took. The
-    run's own: this process and its children (DataLoader and compile workers); under a launcher that runs
-    several ranks here (torchrun: LOCAL_WORLD_SIZE > 1), the launcher's whole tree, every local rank and its
-    workers. The children are listed again every CHILDREN_REFRESH_S; a child's first interval after it is
-    seen is not counted."""
-
-    CHILDREN_REFRESH_S = 5.0
-
-    def __init__(self):
-        self._process = _job_root()
-        self._cpu_count = psutil.cpu_count() or 1
-        self._children: list[psutil.Process] = []
-        self._listed_at = float("-inf")
-        self._last: tuple[float, dict[int, float]] | None = None
-        self._known: dict[int, psutil.Process] = {}
-
-    def pct(self) -> float | None:
-        """Percent of the host's CPUs since the previous call; None on the first."""
-        now = time.monotonic()
-        if now - self._listed_at >= self.CHILDREN_REFRESH_S:
-            self._children, self._listed_at = self._list_children(), now
-        cpu_s = {process.pid: seconds for process in (self._process, *self._children)
-                 if (seconds := _cpu_seconds(process)) is not None}
-        last, self._last = self._last, (now, cpu_s)
-        if last is None or now <= last[0]:
-            return None
-        used_s = sum(seconds - last[1][pid] for pid, seconds in cpu_s.items() if pid in last[1])
-        return max(0.0, 100 * used_s / ((now - last[0]) * self._cpu_count))
-
-    def _list_children(self) -> list[psutil.Process]:
-        pids = _descendant_pids(self._process.pid)
-        if pids is None:  # no /proc children lists: psutil's listing, which reads every process's stat file
-            try:
-                return self._process.children(recursive=True)
-            except psutil.Error:
-                return []
-        self._known = {pid: self._known.get(pid) or _process(pid) for pid in pids}
-        return [process for process in self._known.values() if process is not None]
-
-
-class LoopCpuWait:
-    """Of the time the training thread wanted a CPU between two readings, the share it waited for one, runnable but
-    not running, in percent: what other processes took from the loop itself (host_cpu_pct minus job_cpu_pct says
-    only what they used, and on a saturated host of few cores it cannot tell a loop that got half a core from one
-    that got a tenth). From Linux's schedstat of the thread (nanoseconds on a CPU, nanoseconds on a run queue);
-    None where the kernel keeps none, or where the thread wanted no CPU in the window (asleep throughout). Made on
-    the thread that starts the Profiler, the loop's."""
-
-    def __init__(self):
-        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-        self._last: tuple[int, int] | None = None
-
-    def pct(self) -> float | None:
-        try:
-            with open(self._path) as schedstat:
-                ran_ns, waited_ns = (int(field) for field in schedstat.read().split()[:2])
-        except (OSError, ValueError):  # not Linux, no schedstats, or the thread has ended
-            return None
-        last, self._last = self._last, (ran_ns, waited_ns)
-        if last is None:
-            return None
-        ran, waited = ran_ns - last[0], waited_ns - last[1]
-        return 100 * waited / (ran + waited) if ran + waited > 0 else None
-
-
-def _descendant_pids(root: int) -> list[int] | None:
-    """Every descendant of `root`, from Linux's per-thread children lists (a few small reads, where psutil's
-    listing reads the stat file of every process on the host); None where the kernel keeps no such lists."""
-    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
-        return None
-    found, pending = [], [root]
-    while pending:
-        pid = pending.pop()
-        try:
-            threads = os.listdir(f"/proc/{pid}/task")
-        except OSError:  # gone
-            continue
-        for thread in threads:
-            try:
-                with open(f"/proc/{pid}/task/{thread}/children") as children:
-                    new = [int(child) for child in children.read().split()]
-            except OSError:
-                continue
-            found += new
-            pending += new
-    return found
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
-
-
-def _job_root() -> psutil.Process:
-    process = psutil.Process()
-    if int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) > 1:
-        return process.parent() or process
-    return process
-
-
-def _cpu_seconds(process: psutil.Process) -> float | None:
-    try:
-        times = process.cpu_times()
-    except psutil.Error:  # a worker that has exited
-        return None
-    return times.user + times.system
 
 
 class SystemSampler:

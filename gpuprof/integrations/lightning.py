@@ -34,7 +34,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from gpuprof.capture.distributed import DdpCollector
+from gpuprof.capture.ddp import DdpCollector
 from gpuprof.capture.profiler import Profiler
 from gpuprof.integrations.batches import batch_tokens
 

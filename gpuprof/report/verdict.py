@@ -27,7 +27,7 @@ from gpuprof.analysis.run.hotspots import MIN_PHASE_SAMPLES, phase_samples, site
 from gpuprof.analysis.run.summary import primary_device
 from gpuprof.diagnoses.finding import CATEGORY_TITLES
 from gpuprof.diagnoses.fits import Hardware
-from gpuprof.diagnoses.loopfacts import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
+from gpuprof.diagnoses.recorded_loop import FP32_NAMES, eager_attention, recorded_dtype, unfused_optimizers
 from gpuprof.diagnoses.rules.optimizer import UNFUSED_OPTIMIZER
 from gpuprof.report.format import fmt, fmt_ms, fmt_share, rank_list
 from gpuprof.run.jsonable import json_safe

@@ -23,7 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 import gpuprof
 from capture_loop import batch, tiny_model
-from gpuprof.capture.distributed import LOOP_COLLECTIVES
+from gpuprof.capture.ddp import LOOP_COLLECTIVES
 
 STEPS = 5
 RUNS = {  # name: (profiled, when the loop registers its comm hook: None, "before" or "after" the Profiler starts)

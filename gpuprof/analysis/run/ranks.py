@@ -118,7 +118,7 @@ def stack_text(frames: list[dict]) -> str:
 def last_arrivals(run) -> pd.DataFrame:
     """Per step that more than one rank timed: of the step's collectives, the one where a rank arrived the
     furthest after the median rank (`collective`, from 0), that rank and how many seconds after
-    (`collective_arrivals_unix_s`, gpuprof.capture.distributed)."""
+    (`collective_arrivals_unix_s`, gpuprof.capture.ddp)."""
     table = run.query.per_step_last("collective_arrivals_unix_s").rename(columns={"event": "collective"})
     return table.rename(columns={"rank": "last_rank", "above_median": "lag_s"})[ARRIVAL_COLUMNS]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
-from gpuprof.diagnoses.loopfacts import eager_attention
+from gpuprof.diagnoses.recorded_loop import eager_attention
 from gpuprof.diagnoses.registry import rule
 
 @rule("attention-not-fused", "compute")

@@ -10,7 +10,7 @@ import inspect
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
-from gpuprof.diagnoses.loopfacts import unfused_optimizers
+from gpuprof.diagnoses.recorded_loop import unfused_optimizers
 from gpuprof.diagnoses.registry import rule
 
 UNFUSED_OPTIMIZER = "unfused-optimizer"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
-from gpuprof.diagnoses.loopfacts import FP32_NAMES, recorded_dtype
+from gpuprof.diagnoses.recorded_loop import FP32_NAMES, recorded_dtype
 from gpuprof.diagnoses.registry import rule
 
 # torch.set_float32_matmul_precision levels that let fp32 matmuls use TF32 (or bf16) tensor cores.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuprof.diagnoses.finding import Finding
 from gpuprof.diagnoses.knob import knob
-from gpuprof.diagnoses.loopfacts import recorded_dtype
+from gpuprof.diagnoses.recorded_loop import recorded_dtype
 from gpuprof.diagnoses.registry import rule
 from gpuprof.run import query as q
 

@@ -314,7 +314,7 @@ def _profiler(session: Session):
     from torch.nn.parallel import DistributedDataParallel
 
     import gpuprof
-    from gpuprof.capture.distributed import DdpCollector
+    from gpuprof.capture.ddp import DdpCollector
     from gpuprof.flops import model_flops_per_token
 
     return gpuprof.profile(
