@@ -474,7 +474,8 @@ def _checked_parquet(path: Path, stream: str) -> int:
     problem = column_problem(stream, kinds)
     if problem is None and stream == "steps":  # its rows too: a step's few numbers, read alone
         columns = [c for c in ("step", "rank", *schema.REQUIRED_STEP_VALUES, *schema.STEP_AMOUNTS) if c in kinds]
-        problem = row_problem(stream, pq.read_table(path, columns=columns).to_pandas())
+        table = pq.read_table(path, columns=columns)
+        problem = row_problem(stream, {name: table.column(name).to_numpy(zero_copy_only=False) for name in columns})
     if problem is not None:
         raise DamagedFileError(f"{path}: {problem}")
     return metadata.num_rows

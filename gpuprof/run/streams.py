@@ -97,37 +97,55 @@ def column_problem(stream: str, kinds: dict[str, str]) -> str | None:
     return None
 
 
-def row_problem(stream: str, frame: pd.DataFrame) -> str | None:
+def row_problem(stream: str, columns) -> str | None:
     """The first rows of a steps file that no recording makes (schema.REQUIRED_STEP_VALUES, STEP_AMOUNTS: a
     negative or missing step time, a step twice or out of order), with where, for people; None when all fit.
-    `frame`: the file's rows in its order, its columns already of their kinds (column_problem)."""
-    if stream != "steps" or frame.empty or "step" not in frame:
+    `columns`: the file's columns by name (a DataFrame, or arrays) in its row order, already of their kinds
+    (column_problem). In numpy: every run's every rank passes here when it is read."""
+    if stream != "steps" or "step" not in columns:
         return None
-    steps = pd.to_numeric(frame["step"], errors="coerce").astype("float64")
+    steps = _floats(columns["step"])
+    if not len(steps):
+        return None
     bad = ~(np.isfinite(steps) & (steps >= 0) & (steps == np.floor(steps)))
     if bad.any():
         return f"step is missing, negative or not a whole number in {_rows_text(bad)}"
-    fallen = (steps.groupby(frame["rank"]).diff() if "rank" in frame else steps.diff()) <= 0
+    fallen = _fallen(steps, _floats(columns["rank"]) if "rank" in columns else None)
     if fallen.any():
         row = int(np.flatnonzero(fallen)[0])
-        step, before = int(steps.iloc[row]), int(steps.iloc[row - 1])
+        step, before = int(steps[row]), int(steps[row - 1])
         what = f"step {step} is there twice" if step == before else f"step {step} comes after step {before}"
-        return f"{what} (row {row + 1} of {len(frame)}), where each step is recorded once, in order"
+        return f"{what} (row {row + 1} of {len(steps)}), where each step is recorded once, in order"
     for column in (*schema.REQUIRED_STEP_VALUES, *schema.STEP_AMOUNTS):
-        if column not in frame:
+        if column not in columns:
             continue
-        values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-        missing = values.isna() & (column in schema.REQUIRED_STEP_VALUES)
-        bad = missing | (values.notna() & ~(np.isfinite(values) & (values >= 0)))
+        values = _floats(columns[column])
+        missing = np.isnan(values)
+        bad = (missing & (column in schema.REQUIRED_STEP_VALUES)) | (~missing & ~(np.isfinite(values) & (values >= 0)))
         if bad.any():
             return f"{column} is negative, missing or not finite in {_rows_text(bad, steps)}"
     return None
 
 
-def _rows_text(bad: pd.Series, steps: pd.Series | None = None) -> str:
+def _floats(values) -> np.ndarray:
+    """A column as float64, NaN where it holds nothing or no number."""
+    array = np.asarray(values)
+    if array.dtype.kind in "fiub":
+        return array.astype("float64", copy=False)
+    return pd.to_numeric(pd.Series(array), errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
+def _fallen(steps: np.ndarray, ranks: np.ndarray | None) -> np.ndarray:
+    """Where a step is not above the one before it of its rank."""
+    if ranks is None or (ranks == ranks[0]).all():  # a rank's own file: one rank
+        return np.concatenate([[False], np.diff(steps) <= 0])
+    return (pd.Series(steps).groupby(ranks).diff() <= 0).to_numpy()
+
+
+def _rows_text(bad: np.ndarray, steps: np.ndarray | None = None) -> str:
     """"2 of 8 rows (steps 2, 3)": the rows `bad` marks, by their steps where known, else by row number."""
     rows = np.flatnonzero(bad)
-    where = [f"{int(steps.iloc[row])}" for row in rows[:3]] if steps is not None else [str(row + 1) for row in rows[:3]]
+    where = [f"{int(steps[row])}" for row in rows[:3]] if steps is not None else [str(row + 1) for row in rows[:3]]
     more = ", ..." if len(rows) > 3 else ""
     noun = ("step" if steps is not None else "row") + ("s" if len(rows) > 1 else "")
     return f"{len(rows)} of {len(bad)} rows ({noun} {', '.join(where)}{more})"
