@@ -122,6 +122,11 @@ def unlisted_traces_note(root: str | os.PathLike, max_depth: int = 3) -> str | N
             "`.pt.trace.json`, or read it with `gpuprof trace FILE`.")
 
 
+def file_bytes(path: str | os.PathLike) -> bytes:
+    """A run's or a trace's file as it is on disk, to hand to people (the dashboard's downloads)."""
+    return Path(path).read_bytes()
+
+
 def _names_trace_events(file: Path) -> bool:
     import gzip
 

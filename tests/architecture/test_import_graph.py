@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,15 @@ def test_reading_a_run_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", program, str(PACKAGE.parent / "sample_runs" / "nan")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# Calls that read a file (`open(` alone: the built-in, not `Popen(` nor `urlopen(`).
+READING_CALLS = re.compile(r"\.read_bytes\(|\.read_text\(|read_parquet\(|read_table\(|json\.load\(|pickle\.load\("
+                           r"|torch\.load\(|(?<![\w.])open\(")
+
+
+def test_no_presenter_reads_a_file_itself():
+    """What the CLI and the dashboard show comes through the report or the run reader, which read the files."""
+    reading = {name: READING_CALLS.findall(path.read_text()) for name, path in MODULES.items()
+               if name.startswith(PRESENTERS)}
+    assert {name: calls for name, calls in reading.items() if calls} == {"gpuprof.cli": ["open("]}  # os.devnull, written

@@ -20,6 +20,7 @@ from gpuprof.report.trace_views import (
     TABLE_TITLES, VIEW_NEEDS, empty_tables_note, frame_view, missing_note, missing_views, steps_note,
 )
 from gpuprof.report.verdict import HOW_TO_RECORD
+from gpuprof.run.reader import file_bytes
 
 UPLOAD = "A trace file I upload"
 TRACE_FILE_HELP = "A torch.profiler Chrome trace (.json or .json.gz)."
@@ -126,5 +127,5 @@ def render(root, entries, selected) -> None:
 
 
 def download(file: Path) -> None:
-    st.download_button(f"Download {file.name} (open in ui.perfetto.dev)", file.read_bytes(),
+    st.download_button(f"Download {file.name} (open in ui.perfetto.dev)", file_bytes(file),
                        file_name=file.name, key=f"download-{file.name}")
