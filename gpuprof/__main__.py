@@ -1,3 +1,5 @@
+"""`python -m gpuprof ...`: the command line (gpuprof.cli)."""
+
 import sys
 
 from gpuprof.cli import main
