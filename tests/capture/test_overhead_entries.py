@@ -4,22 +4,19 @@ names, once per step as gpuprof's are, and leave the loop's numerics, hooks and 
 from __future__ import annotations
 
 import collections
-import importlib.util
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
+from repo_scripts import load_script
 from transformers import GPT2Config, GPT2LMHeadModel
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "overhead.py"
 
 
 def _overhead_module():
-    spec = importlib.util.spec_from_file_location("overhead_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "overhead_benchmark")
 
 
 def _train(prof, model, optimizer, tokens, steps: int, seen_modes: list[tuple[int, int]]) -> list[float]:
