@@ -32,12 +32,15 @@ def replay_blocks(layers: pd.DataFrame) -> list[dict]:
     if params.empty:
         return []
     names = list(dict.fromkeys(params["layer"]))
+    # one row per step, a column per parameter in the order recorded (one pivot: a groupby per step took
+    # a quarter of a second over 10k steps)
+    wide = params.pivot_table(index="step", columns="layer", values="grad_norm", aggfunc="last", dropna=False)
+    wide = wide.reindex(columns=names).sort_index()
     detector = LayerGradients(names)
     events = []
-    for step, group in params.groupby("step", sort=True):
-        norms = group.set_index("layer")["grad_norm"].reindex(names)
-        if norms.notna().all():
-            events += detector.observe(int(step), [float(value) for value in norms])
+    for step, norms in zip(wide.index, wide.to_numpy(dtype="float64")):
+        if not pd.isna(norms).any():
+            events += detector.observe(int(step), norms.tolist())
     return events
 
 
