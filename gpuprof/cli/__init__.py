@@ -14,7 +14,7 @@ import sys
 
 from gpuprof.errors import GpuprofError
 
-SUBCOMMANDS = ("train", "run", "tune", "analyze", "compare", "dashboard", "report", "trace", "replay", "demo")
+SUBCOMMANDS = ("train", "run", "tune", "analyze", "compare", "dashboard", "report", "export", "trace", "replay", "demo")
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

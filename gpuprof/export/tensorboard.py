@@ -1,0 +1,111 @@
+"""A recorded run as TensorBoard event files: every step's figures, the device and host samples, the events and the
+verdict, one TensorBoard run (folder) per rank, written with torch's own `SummaryWriter`.
+
+Tags: `steps/<column>` at the optimizer step (every number and flag of the steps stream: step and phase times,
+tokens/s, MFU, loss, grad norm, GradScaler, LR, memory); `system/<column>` at the sample's index, its wall time the
+sample's; `events` and `verdict` as text. Exporting again replaces the folder's earlier export, so no value is
+written twice; a folder gpuprof did not write is refused, never emptied.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from gpuprof.errors import GpuprofError
+from gpuprof.report import build_report
+from gpuprof.run import schema
+
+# Written into the export's folder: the sign that gpuprof may replace it.
+MARKER = ".gpuprof-export"
+# Columns that say where a row belongs rather than what was measured.
+KEY_COLUMNS = {"step", "rank", "time_unix_s", "device_index"}
+
+
+def export_tensorboard(run_dir, out_dir) -> Path:
+    """Writes the run at `run_dir` under `out_dir` (one folder per rank); returns `out_dir`."""
+    writer_class = _summary_writer()
+    report = build_report(run_dir)
+    out = Path(out_dir)
+    _clear_previous_export(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(f"gpuprof export of {report.run.path}\n")
+    run = report.run
+    for rank in run.ranks or [0]:
+        writer = writer_class(log_dir=str(out / schema.rank_dir_name(rank)))
+        try:
+            _write_steps(writer, _of_rank(run.steps, rank))
+            _write_system(writer, _of_rank(run.system, rank))
+            _write_events(writer, _of_rank(run.events, rank))
+            _write_verdict(writer, report, _last_step(run.steps))
+        finally:
+            writer.close()
+    return out
+
+
+def numeric_columns(stream: str) -> list[str]:
+    """The measured columns of `stream` TensorBoard can plot: its numbers and flags."""
+    return [column for column in schema.STREAM_COLUMNS[stream]
+            if column not in KEY_COLUMNS and schema.column_kind(stream, column) in ("number", "flag")]
+
+
+def _summary_writer():
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise GpuprofError("the TensorBoard export needs the tensorboard package: "
+                           "pip install 'gpuprof[tensorboard]'") from None
+    return SummaryWriter
+
+
+def _clear_previous_export(out: Path) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file()):
+        raise GpuprofError(f"{out} exists and was not written by gpuprof export: give another --out")
+    shutil.rmtree(out)
+
+
+def _of_rank(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
+    return frame[frame["rank"] == rank] if "rank" in frame and not frame.empty else frame
+
+
+def _last_step(steps: pd.DataFrame) -> int:
+    return int(steps["step"].max()) if not steps.empty else 0
+
+
+def _write_steps(writer, steps: pd.DataFrame) -> None:
+    for column in numeric_columns("steps"):
+        if column not in steps:
+            continue
+        values = pd.to_numeric(steps[column].astype("float64"), errors="coerce")
+        for step, time_unix_s, value in zip(steps["step"], steps["time_unix_s"], values):
+            if pd.notna(value):
+                writer.add_scalar(f"steps/{column}", float(value), int(step), walltime=float(time_unix_s))
+
+
+def _write_system(writer, system: pd.DataFrame) -> None:
+    for column in numeric_columns("system"):
+        if column not in system:
+            continue
+        values = pd.to_numeric(system[column], errors="coerce")
+        for index, (time_unix_s, value) in enumerate(zip(system["time_unix_s"], values)):
+            if pd.notna(value):
+                writer.add_scalar(f"system/{column}", float(value), index, walltime=float(time_unix_s))
+
+
+def _write_events(writer, events: pd.DataFrame) -> None:
+    for row in events.to_dict(orient="records"):
+        step = int(row["step"]) if pd.notna(row["step"]) else 0
+        writer.add_text("events", f"**{row['severity']}** `{row['kind']}`: {row['message']}", step,
+                        walltime=float(row["time_unix_s"]))
+
+
+def _write_verdict(writer, report, step: int) -> None:
+    verdict = report.verdict
+    findings = [f"{number}. **{finding.severity}** {finding.rule}: {finding.title}"
+                for number, finding in enumerate(report.findings, start=1)]
+    text = "\n\n".join([f"**{verdict.headline}**", verdict.why, f"Next: {verdict.next_step}", *findings])
+    writer.add_text("verdict", text, step)
