@@ -15,13 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from gpuprof.errors import GpuprofError
+from gpuprof.export.rows import numeric_columns, of_rank
 from gpuprof.report import build_report
 from gpuprof.run import schema
 
 # Written into the export's folder: the sign that gpuprof may replace it.
 MARKER = ".gpuprof-export"
-# Columns that say where a row belongs rather than what was measured.
-KEY_COLUMNS = {"step", "rank", "time_unix_s", "device_index"}
 
 
 def export_tensorboard(run_dir, out_dir) -> Path:
@@ -36,19 +35,13 @@ def export_tensorboard(run_dir, out_dir) -> Path:
     for rank in run.ranks or [0]:
         writer = writer_class(log_dir=str(out / schema.rank_dir_name(rank)))
         try:
-            _write_steps(writer, _of_rank(run.steps, rank))
-            _write_system(writer, _of_rank(run.system, rank))
-            _write_events(writer, _of_rank(run.events, rank))
+            _write_steps(writer, of_rank(run.steps, rank))
+            _write_system(writer, of_rank(run.system, rank))
+            _write_events(writer, of_rank(run.events, rank))
             _write_verdict(writer, report, _last_step(run.steps))
         finally:
             writer.close()
     return out
-
-
-def numeric_columns(stream: str) -> list[str]:
-    """The measured columns of `stream` TensorBoard can plot: its numbers and flags."""
-    return [column for column in schema.STREAM_COLUMNS[stream]
-            if column not in KEY_COLUMNS and schema.column_kind(stream, column) in ("number", "flag")]
 
 
 def _summary_writer():
@@ -66,10 +59,6 @@ def _clear_previous_export(out: Path) -> None:
     if not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file()):
         raise GpuprofError(f"{out} exists and was not written by gpuprof export: give another --out")
     shutil.rmtree(out)
-
-
-def _of_rank(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
-    return frame[frame["rank"] == rank] if "rank" in frame and not frame.empty else frame
 
 
 def _last_step(steps: pd.DataFrame) -> int:

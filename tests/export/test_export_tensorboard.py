@@ -11,7 +11,7 @@ from processes import gpuprof_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import gpuprof
-from gpuprof.export.tensorboard import numeric_columns
+from gpuprof.export.rows import numeric_columns
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_runs" / "ddp-2rank"
 
