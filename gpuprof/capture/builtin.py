@@ -7,6 +7,7 @@ import torch
 from gpuprof.capture.ddp import DdpCollector
 from gpuprof.capture.fsdp import FsdpCollector
 from gpuprof.capture.gradients import GradientCollector
+from gpuprof.capture.live_export import LiveTensorBoard
 from gpuprof.capture.loopfacts import LoopFacts
 from gpuprof.capture.memory import MemoryCollector
 from gpuprof.capture.oom import OomCollector
@@ -56,4 +57,6 @@ def builtin_collectors(prof) -> list:
                                          options.profile_memory, options.with_stack))
     if options.hang_timeout_s != 0:
         collectors.append(HangWatchdog(options.hang_timeout_s))
+    if options.live_export is not None:
+        collectors.append(LiveTensorBoard(options.live_export))
     return [collector for collector in collectors if collector is not None]

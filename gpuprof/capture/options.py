@@ -25,6 +25,7 @@ class CaptureOptions:
     numerics: NumericsOptions | None = field(default_factory=NumericsOptions)  # None: off
     on_nonfinite: str = "record"
     hang_timeout_s: float | None = None  # None: max(120 s, 20 median steps); 0: no hang watchdog
+    live_export: str | None = None  # a folder: each step's figures streamed there for TensorBoard
 
     def for_meta(self) -> dict[str, Any]:
         """As meta.json's `options` records them (numerics off is `false`)."""

@@ -86,6 +86,8 @@ class Profiler:
     collectors: extra collectors (see gpuprof.capture.collector).
     hang_timeout_s: seconds without a step before the hang watchdog writes a `hang` event (with every rank's
         stacks under torchrun; gpuprof.capture.watchdog); None (default): max(120 s, 20 median steps); 0: off.
+    live_export: a folder to stream each step's figures to for TensorBoard while the loop trains (one run per
+        rank, the tags of `gpuprof export`; gpuprof.capture.live_export); None (default): off.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Profiler:
         on_nonfinite: str = "record",
         numerics: Mapping[str, Any] | NumericsOptions | bool = True,
         hang_timeout_s: float | None = None,
+        live_export: str | os.PathLike | None = None,
     ):
         self.run_dir = os.fspath(run_dir)
         # a model that is not a Module (a plain function) is reported once by PhaseHooks, then ignored
@@ -131,6 +134,7 @@ class Profiler:
             update_ratio_interval=update_ratio_interval, record_shapes=record_shapes, profile_memory=profile_memory,
             with_stack=with_stack, memory_history=memory_history, numerics=NumericsOptions.given(numerics),
             on_nonfinite=check_policy(on_nonfinite), hang_timeout_s=check_timeout(hang_timeout_s),
+            live_export=os.fspath(live_export) if live_export is not None else None,
         )
         self.loss_fn = loss_fn  # (model, batch) -> loss, for NaN forensics (gpuprof.numerics)
         self.ranks = environment.rank_info()

@@ -32,6 +32,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--hang-timeout-s", type=seconds, default=None, metavar="S",
                         help="write a `hang` event when a rank's step has not advanced for S seconds (0: no hang "
                         "watchdog; default: max(120 s, 20 x the median step))")
+    parser.add_argument("--live-export", default=None, metavar="DIR",
+                        help="stream each step's figures to DIR for TensorBoard as the script trains "
+                        "(`tensorboard --logdir DIR`; needs the tensorboard package)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")
     parser.set_defaults(func=run)
@@ -41,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuprof.integrations.script import run_script
     from gpuprof.run.schema import RUN_META
 
-    given = {"sample_interval_s": args.sample_interval, "hang_timeout_s": args.hang_timeout_s}
+    given = {"sample_interval_s": args.sample_interval, "hang_timeout_s": args.hang_timeout_s,
+             "live_export": args.live_export}
     options = {name: value for name, value in given.items() if value is not None}
     run_dir = args.run_dir or default_run_dir(args.script)
     code = run_script(args.script, args.script_args, run_dir, knobs=args.knob, max_steps=args.max_steps, **options)

@@ -16,8 +16,9 @@ import random
 import pandas as pd
 
 from gpuprof.errors import GpuprofError
-from gpuprof.export.rows import numeric_columns, of_rank
+from gpuprof.export.rows import of_rank
 from gpuprof.report import build_report
+from gpuprof.run import schema
 from gpuprof.run.jsonable import json_safe
 
 SERVICE_NAME = "gpuprof"
@@ -85,7 +86,7 @@ def _rank_spans(tracer, report, rank: int, steps: pd.DataFrame, events: pd.DataF
         "gpuprof.rank": rank, "gpuprof.verdict": verdict.headline, "gpuprof.verdict.why": verdict.why,
         "gpuprof.verdict.next_step": verdict.next_step})
     context = trace.set_span_in_context(root)
-    columns = [column for column in numeric_columns("steps") if column in steps]
+    columns = [column for column in schema.measured_columns("steps") if column in steps]
     for row, start_ns, end_ns in zip(steps.to_dict(orient="records"), starts_ns, ends_ns):
         attributes = {f"gpuprof.{column}": value for column in columns
                       if (value := json_safe(row[column], digits=None)) is not None}

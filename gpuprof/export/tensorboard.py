@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpuprof.errors import GpuprofError
-from gpuprof.export.rows import numeric_columns, of_rank
+from gpuprof.export.rows import of_rank
 from gpuprof.report import build_report
 from gpuprof.run import schema
 
@@ -66,7 +66,7 @@ def _last_step(steps: pd.DataFrame) -> int:
 
 
 def _write_steps(writer, steps: pd.DataFrame) -> None:
-    for column in numeric_columns("steps"):
+    for column in schema.measured_columns("steps"):
         if column not in steps:
             continue
         values = pd.to_numeric(steps[column].astype("float64"), errors="coerce")
@@ -76,7 +76,7 @@ def _write_steps(writer, steps: pd.DataFrame) -> None:
 
 
 def _write_system(writer, system: pd.DataFrame) -> None:
-    for column in numeric_columns("system"):
+    for column in schema.measured_columns("system"):
         if column not in system:
             continue
         values = pd.to_numeric(system[column], errors="coerce")

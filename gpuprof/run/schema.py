@@ -101,6 +101,16 @@ REQUIRED_STEP_VALUES = ("step_time_s",)
 STEP_AMOUNTS = (*(f"{phase}_time_s" for phase in STEP_PHASES), "capture_time_s", "micro_batches", "tokens")
 
 
+# Columns that say where a row belongs rather than what was measured.
+KEY_COLUMNS = {"step", "rank", "time_unix_s", "device_index"}
+
+
+def measured_columns(stream: str) -> list[str]:
+    """The columns of `stream` that hold a measure a tracker can plot: its numbers and flags."""
+    return [column for column in STREAM_COLUMNS[stream]
+            if column not in KEY_COLUMNS and column_kind(stream, column) in ("number", "flag")]
+
+
 def column_kind(stream: str, column: str) -> str | None:
     """What a documented column holds: "number", "flag", "text", "list" or "details"; None for an extra one."""
     if column not in STREAM_COLUMNS[stream]:

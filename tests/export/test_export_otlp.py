@@ -13,7 +13,7 @@ from processes import free_port, gpuprof_cli
 
 import gpuprof
 from gpuprof.export.otlp import run_spans
-from gpuprof.export.rows import numeric_columns
+from gpuprof.run.schema import measured_columns
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_runs" / "ddp-2rank"
 
@@ -64,7 +64,7 @@ def test_every_step_of_every_rank_arrives_as_a_span_with_its_values_under_its_ra
             row = steps.loc[attributes["gpuprof.step"].int_value]
             assert span.parent_span_id == root.span_id and span.trace_id == root.trace_id
             assert (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9 == pytest.approx(row["step_time_s"], abs=1e-6)
-            for column in numeric_columns("steps"):
+            for column in measured_columns("steps"):
                 if column in row and row[column] is not None and row[column] == row[column]:
                     value = attributes[f"gpuprof.{column}"]
                     got = value.double_value if value.HasField("double_value") else (

@@ -11,7 +11,7 @@ from processes import gpuprof_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import gpuprof
-from gpuprof.export.rows import numeric_columns
+from gpuprof.run.schema import measured_columns
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_runs" / "ddp-2rank"
 
@@ -38,7 +38,7 @@ def test_every_step_of_every_rank_reads_back_once_with_its_values_and_the_verdic
         steps = run.steps[run.steps["rank"] == rank]
         accumulator = read_back(out / f"rank-{rank}")
         tags = accumulator.Tags()
-        exported = [column for column in numeric_columns("steps") if steps[column].notna().any()]
+        exported = [column for column in measured_columns("steps") if steps[column].notna().any()]
         assert {"steps/step_time_s", "steps/loss", "steps/grad_norm"} <= set(tags["scalars"])
         for column in exported:
             scalars = accumulator.Scalars(f"steps/{column}")
