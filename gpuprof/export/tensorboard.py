@@ -35,8 +35,9 @@ def export_tensorboard(run_dir, out_dir) -> Path:
     for rank in run.ranks or [0]:
         writer = writer_class(log_dir=str(out / schema.rank_dir_name(rank)))
         try:
-            _write_steps(writer, of_rank(run.steps, rank))
-            _write_system(writer, of_rank(run.system, rank))
+            steps, system = of_rank(run.steps, rank), of_rank(run.system, rank)
+            _write_scalars(writer, "steps", steps, steps["step"])
+            _write_scalars(writer, "system", system, range(len(system)))
             _write_events(writer, of_rank(run.events, rank))
             _write_verdict(writer, report, _last_step(run.steps))
         finally:
@@ -65,24 +66,16 @@ def _last_step(steps: pd.DataFrame) -> int:
     return int(steps["step"].max()) if not steps.empty else 0
 
 
-def _write_steps(writer, steps: pd.DataFrame) -> None:
-    for column in schema.measured_columns("steps"):
-        if column not in steps:
+def _write_scalars(writer, stream: str, rows: pd.DataFrame, positions) -> None:
+    """Every measured column of `rows` as `<stream>/<column>` scalars at `positions` (steps, or sample indices),
+    each at its row's wall time."""
+    for column in schema.measured_columns(stream):
+        if column not in rows:
             continue
-        values = pd.to_numeric(steps[column].astype("float64"), errors="coerce")
-        for step, time_unix_s, value in zip(steps["step"], steps["time_unix_s"], values):
+        values = pd.to_numeric(rows[column], errors="coerce").astype("float64")
+        for position, time_unix_s, value in zip(positions, rows["time_unix_s"], values):
             if pd.notna(value):
-                writer.add_scalar(f"steps/{column}", float(value), int(step), walltime=float(time_unix_s))
-
-
-def _write_system(writer, system: pd.DataFrame) -> None:
-    for column in schema.measured_columns("system"):
-        if column not in system:
-            continue
-        values = pd.to_numeric(system[column], errors="coerce")
-        for index, (time_unix_s, value) in enumerate(zip(system["time_unix_s"], values)):
-            if pd.notna(value):
-                writer.add_scalar(f"system/{column}", float(value), index, walltime=float(time_unix_s))
+                writer.add_scalar(f"{stream}/{column}", float(value), int(position), walltime=float(time_unix_s))
 
 
 def _write_events(writer, events: pd.DataFrame) -> None:
